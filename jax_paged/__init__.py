@@ -1,0 +1,22 @@
+"""jax_paged: paged KV-cache attention (vLLM-style PagedAttention) for jitted
+JAX decode loops, with CUDA and CPU kernels registered as XLA FFI custom calls.
+
+Public API::
+
+    paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *,
+                    scale=None, alibi_slopes=None, impl="auto", partition_size=512)
+    reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    copy_blocks(key_cache, value_cache, block_mapping)
+    check_inputs(block_tables, seq_lens, num_blocks, block_size)
+    reference.*     # pure jax.numpy versions with identical semantics
+"""
+from . import _native  # registers the FFI targets before any lowering
+from . import reference
+from ._native import has_cuda_kernels
+from ._shapes import x_for_dtype
+from .api import check_inputs, copy_blocks, paged_attention, reshape_and_cache
+
+__version__ = "0.1.0"
+
+__all__ = ["paged_attention", "reshape_and_cache", "copy_blocks", "check_inputs",
+           "has_cuda_kernels", "x_for_dtype", "reference"]

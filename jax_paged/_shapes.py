@@ -1,0 +1,167 @@
+"""Trace-time shape and dtype checks shared by the primitives and the reference.
+
+Every error names the argument, what it got and what was expected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import jax.numpy as jnp
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+SUPPORTED_BLOCK_SIZES = (8, 16, 32)
+MAX_HEAD_SIZE = 256
+
+
+def x_for_dtype(dtype) -> int:
+    """Elements per 16-byte chunk of the key-cache layout: ``16 // itemsize``."""
+    return 16 // np.dtype(dtype).itemsize
+
+
+def _dt(a) -> np.dtype:
+    return np.dtype(a.dtype)
+
+
+def _name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    num_seqs: int
+    num_heads: int
+    head_size: int
+    num_blocks: int
+    num_kv_heads: int
+    block_size: int
+    max_blocks_per_seq: int
+
+    @property
+    def capacity(self) -> int:
+        """Tokens a block-table row can address."""
+        return self.max_blocks_per_seq * self.block_size
+
+    def num_partitions(self, partition_size: int) -> int:
+        return max(1, -(-self.capacity // partition_size))
+
+
+def _check_float(name: str, a) -> None:
+    if _dt(a) not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {_name(a.dtype)}")
+
+
+def _check_int32(name: str, a) -> None:
+    if _dt(a) != np.int32:
+        raise TypeError(f"{name} must be int32, got {_name(a.dtype)}")
+
+
+def check_caches(key_cache, value_cache, *, num_kv_heads: int | None = None,
+                 head_size: int | None = None, dtype=None) -> tuple[int, int, int, int]:
+    """Checks the paged cache pair; returns (num_blocks, num_kv_heads, head_size, block_size)."""
+    _check_float("key_cache", key_cache)
+    if _dt(value_cache) != _dt(key_cache):
+        raise TypeError(f"value_cache dtype {_name(value_cache.dtype)} differs from key_cache "
+                        f"dtype {_name(key_cache.dtype)}")
+    if dtype is not None and _dt(key_cache) != np.dtype(dtype):
+        raise TypeError(f"key_cache dtype {_name(key_cache.dtype)} differs from the "
+                        f"query/key dtype {_name(dtype)}")
+    x = x_for_dtype(key_cache.dtype)
+    if key_cache.ndim != 5 or key_cache.shape[4] != x:
+        raise ValueError(
+            f"key_cache must be [num_blocks, num_kv_heads, head_size // {x}, block_size, {x}] "
+            f"for {_name(key_cache.dtype)}, got shape {tuple(key_cache.shape)}")
+    num_blocks, kv_heads, chunks, block_size, _ = key_cache.shape
+    cache_head_size = chunks * x
+    if value_cache.ndim != 4 or tuple(value_cache.shape) != (num_blocks, kv_heads, cache_head_size,
+                                                            block_size):
+        raise ValueError(
+            f"value_cache must be [num_blocks, num_kv_heads, head_size, block_size] = "
+            f"{(num_blocks, kv_heads, cache_head_size, block_size)} to match key_cache "
+            f"{tuple(key_cache.shape)}, got {tuple(value_cache.shape)}")
+    if block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ValueError(f"block_size (key_cache.shape[3]) must be one of "
+                         f"{SUPPORTED_BLOCK_SIZES}, got {block_size}")
+    if num_kv_heads is not None and kv_heads != num_kv_heads:
+        raise ValueError(f"key_cache has {kv_heads} KV heads (shape[1]) but the keys have "
+                         f"{num_kv_heads}")
+    if head_size is not None and cache_head_size != head_size:
+        raise ValueError(f"key_cache head size (shape[2] * shape[4] = {cache_head_size}) "
+                         f"differs from head_size {head_size}")
+    if kv_heads < 1:
+        raise ValueError(f"key_cache must have at least one KV head, got {kv_heads}")
+    return num_blocks, kv_heads, cache_head_size, block_size
+
+
+def check_head_size(head_size: int) -> None:
+    if head_size % 8 != 0 or not 8 <= head_size <= MAX_HEAD_SIZE:
+        raise ValueError(f"head_size must be a multiple of 8 in [8, {MAX_HEAD_SIZE}], "
+                         f"got {head_size}")
+
+
+def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                          alibi_slopes=None) -> AttentionDims:
+    """Validates paged_attention operands (shapes and dtypes only)."""
+    _check_float("query", query)
+    if query.ndim != 3:
+        raise ValueError(f"query must be [num_seqs, num_heads, head_size], got shape "
+                         f"{tuple(query.shape)}")
+    num_seqs, num_heads, head_size = query.shape
+    check_head_size(head_size)
+    num_blocks, num_kv_heads, _, block_size = check_caches(
+        key_cache, value_cache, head_size=head_size, dtype=query.dtype)
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads ({num_heads}, query.shape[1]) must be a multiple of "
+                         f"num_kv_heads ({num_kv_heads}, key_cache.shape[1])")
+    _check_int32("block_tables", block_tables)
+    if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must be [num_seqs={num_seqs}, max_blocks_per_seq], "
+                         f"got shape {tuple(block_tables.shape)}")
+    _check_int32("seq_lens", seq_lens)
+    if tuple(seq_lens.shape) != (num_seqs,):
+        raise ValueError(f"seq_lens must be [num_seqs] = ({num_seqs},), got shape "
+                         f"{tuple(seq_lens.shape)}")
+    if alibi_slopes is not None:
+        if _dt(alibi_slopes) != np.float32:
+            raise TypeError(f"alibi_slopes must be float32, got {_name(alibi_slopes.dtype)}")
+        if tuple(alibi_slopes.shape) != (num_heads,):
+            raise ValueError(f"alibi_slopes must be [num_heads] = ({num_heads},), got shape "
+                             f"{tuple(alibi_slopes.shape)}")
+    return AttentionDims(num_seqs, num_heads, head_size, num_blocks, num_kv_heads, block_size,
+                         block_tables.shape[1])
+
+
+def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    _check_float("key", key)
+    if key.ndim != 3:
+        raise ValueError(f"key must be [num_tokens, num_kv_heads, head_size], got shape "
+                         f"{tuple(key.shape)}")
+    if tuple(value.shape) != tuple(key.shape):
+        raise ValueError(f"value shape {tuple(value.shape)} differs from key shape "
+                         f"{tuple(key.shape)}")
+    if _dt(value) != _dt(key):
+        raise TypeError(f"value dtype {_name(value.dtype)} differs from key dtype "
+                        f"{_name(key.dtype)}")
+    num_tokens, num_kv_heads, head_size = key.shape
+    check_head_size(head_size)
+    check_caches(key_cache, value_cache, num_kv_heads=num_kv_heads, head_size=head_size,
+                 dtype=key.dtype)
+    _check_int32("slot_mapping", slot_mapping)
+    if tuple(slot_mapping.shape) != (num_tokens,):
+        raise ValueError(f"slot_mapping must be [num_tokens] = ({num_tokens},), got shape "
+                         f"{tuple(slot_mapping.shape)}")
+
+
+def check_copy_blocks(key_cache, value_cache, block_mapping) -> None:
+    check_caches(key_cache, value_cache)
+    _check_int32("block_mapping", block_mapping)
+    if block_mapping.ndim != 2 or block_mapping.shape[1] != 2:
+        raise ValueError(f"block_mapping must be [num_pairs, 2] (src, dst), got shape "
+                         f"{tuple(block_mapping.shape)}")
+
+
+def check_partition_size(partition_size: int, block_size: int) -> None:
+    if not isinstance(partition_size, (int, np.integer)) or partition_size <= 0 \
+            or partition_size % block_size != 0:
+        raise ValueError(f"partition_size must be a positive multiple of block_size "
+                         f"({block_size}), got {partition_size!r}")

@@ -1,0 +1,305 @@
+"""JAX primitives around the native kernels.
+
+Each op is a ``jax.extend.core.Primitive`` with
+* an abstract-evaluation rule that validates shapes and dtypes at trace time
+  (``_shapes``), so mistakes fail before anything runs;
+* a lowering per platform: "cpu" -> the native CPU FFI handlers, "cuda" -> the
+  CUDA handlers when they were built, anything else -> the jnp reference;
+* a batching rule that folds a ``vmap`` axis into the sequence (and block)
+  axes, so ``vmap`` is one kernel call, not a loop.
+
+V2's workspace (partial outputs, max logits, exp-sums) is returned by the FFI
+call as extra results allocated by XLA and dropped here, which keeps the
+handlers free of allocation (CUDA-graph compatible).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+from jax.core import ShapedArray
+
+from . import _native, _shapes, reference
+
+NOT_MAPPED = None  # how batching rules mark an unbatched operand
+IMPLS = ("auto", "v1", "v2", "reference")
+# Head sizes the CUDA kernels are instantiated for (block sizes: _shapes).
+CUDA_HEAD_SIZES = (64, 80, 96, 112, 120, 128, 192, 256)
+
+
+def ffi_attrs(**attrs) -> dict:
+    """FFI attributes with exact numpy types: a Python float would arrive as F64
+    and fail a handler bound with ``Attr<float>`` (see JAX_FFI_NOTES)."""
+    converted = {}
+    for name, value in attrs.items():
+        if isinstance(value, (bool, np.bool_)):
+            converted[name] = np.bool_(value)
+        elif isinstance(value, (float, np.floating)):
+            converted[name] = np.float32(value)
+        elif isinstance(value, (int, np.integer)):
+            converted[name] = np.int64(value)
+        else:
+            raise TypeError(f"unsupported FFI attribute {name}={value!r}")
+    return converted
+
+
+# --------------------------------------------------------------------------
+# impl="auto"
+# --------------------------------------------------------------------------
+
+def _cpu_threads() -> int:
+    env = os.environ.get("JAX_PAGED_CPU_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
+                 partition_size: int) -> str:
+    """Turns "auto" into "v1" or "v2" for a platform; shapes are static, so the
+    choice is made once at trace time (no data-dependent branch on device)."""
+    if impl != "auto":
+        return impl
+    parts = dims.num_partitions(partition_size)
+    if parts == 1:
+        return "v1"
+    if platform == "cuda":
+        # vLLM v0.6.0's rule: V1 when the context is short and the grid is
+        # already large, else split the context (V2).
+        if dims.capacity <= 8192 and dims.num_seqs * dims.num_heads > 512:
+            return "v1"
+        return "v2"
+    # CPU: one V1 work item per (sequence, KV head); split the context only
+    # when that leaves cores idle.
+    return "v2" if dims.num_seqs * dims.num_kv_heads < _cpu_threads() else "v1"
+
+
+# --------------------------------------------------------------------------
+# paged_attention
+# --------------------------------------------------------------------------
+
+paged_attention_p = Primitive("jax_paged_attention")
+
+
+def _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi):
+    return _shapes.check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                                         alibi if alibi.shape[0] else None)
+
+
+def _attention_abstract(query, key_cache, value_cache, block_tables, seq_lens, alibi, *,
+                        scale, impl, partition_size):
+    dims = _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi)
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    _shapes.check_partition_size(partition_size, dims.block_size)
+    return ShapedArray(query.shape, query.dtype)
+
+
+def _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, alibi, *,
+                         scale, impl, partition_size):
+    return reference.paged_attention(
+        query, key_cache, value_cache, block_tables, seq_lens, scale=scale,
+        alibi_slopes=alibi if alibi.shape[0] else None, impl=impl,
+        partition_size=partition_size)
+
+
+def _attention_native(platform, query, key_cache, value_cache, block_tables, seq_lens, alibi, *,
+                      scale, impl, partition_size):
+    dims = _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi)
+    if platform == "cuda" and dims.head_size not in CUDA_HEAD_SIZES:
+        raise ValueError(f"the CUDA kernels support head_size in {CUDA_HEAD_SIZES}, got "
+                         f"{dims.head_size} (use impl='reference' or pad the heads)")
+    impl = resolve_impl(impl, platform, dims, partition_size)
+    if impl == "reference":
+        return _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, alibi,
+                                    scale=scale, impl="v1", partition_size=partition_size)
+    operands = (query, key_cache, value_cache, block_tables, seq_lens, alibi)
+    out_type = jax.ShapeDtypeStruct(query.shape, query.dtype)
+    if impl == "v1":
+        return jax.ffi.ffi_call("jax_paged_attention_v1", out_type)(
+            *operands, **ffi_attrs(scale=scale))
+    parts = dims.num_partitions(partition_size)
+    rows = (dims.num_seqs, dims.num_heads, parts)
+    workspace = (jax.ShapeDtypeStruct(rows, jnp.float32),                     # exp_sums
+                 jax.ShapeDtypeStruct(rows, jnp.float32),                     # max_logits
+                 jax.ShapeDtypeStruct(rows + (dims.head_size,), jnp.float32))  # tmp_out
+    results = jax.ffi.ffi_call("jax_paged_attention_v2", (out_type,) + workspace)(
+        *operands, **ffi_attrs(scale=scale, partition_size=partition_size))
+    return results[0]
+
+
+def _move_batch(x, bdim, size):
+    """Puts the batch axis first, broadcasting unbatched operands to ``size``."""
+    if bdim is NOT_MAPPED:
+        return jnp.broadcast_to(x, (size,) + x.shape)
+    return jnp.moveaxis(x, bdim, 0)
+
+
+def _offset_ids(ids, num_ids_per_batch):
+    """Makes per-batch-element ids (batch axis first) global after folding the
+    batch into the id space. Invalid ids stay invalid (-1): folding must not
+    turn an out-of-range id into another batch element's valid one."""
+    n = ids.shape[0]
+    if n * num_ids_per_batch >= 2 ** 31:
+        raise ValueError(f"vmap over {n} caches of {num_ids_per_batch} ids each overflows int32 "
+                         "indices; vmap fewer caches at once")
+    valid = (ids >= 0) & (ids < num_ids_per_batch)
+    offset = (jnp.arange(n, dtype=jnp.int32) * num_ids_per_batch).reshape(
+        (n,) + (1,) * (ids.ndim - 1))
+    return jnp.where(valid, ids + offset, -1)
+
+
+def _batch_size(args, dims):
+    return next(a.shape[d] for a, d in zip(args, dims) if d is not NOT_MAPPED)
+
+
+def _attention_batch(args, dims, **params):
+    query, key_cache, value_cache, block_tables, seq_lens, alibi = args
+    n = _batch_size(args, dims)
+    q_d, kc_d, vc_d, bt_d, sl_d, al_d = dims
+    if al_d is not NOT_MAPPED:
+        # Per-element ALiBi slopes cannot be folded into the sequence axis.
+        moved = [_move_batch(a, d, n) for a, d in zip(args, dims)]
+        out = jax.lax.map(lambda xs: paged_attention_p.bind(*xs, **params), moved)
+        return out, 0
+    query = _move_batch(query, q_d, n)
+    block_tables = _move_batch(block_tables, bt_d, n)
+    seq_lens = _move_batch(seq_lens, sl_d, n)
+    if kc_d is not NOT_MAPPED or vc_d is not NOT_MAPPED:
+        # Stacked independent caches: fold them into one pool of n * num_blocks.
+        key_cache = _move_batch(key_cache, kc_d, n)
+        value_cache = _move_batch(value_cache, vc_d, n)
+        num_blocks = key_cache.shape[1]
+        block_tables = _offset_ids(block_tables, num_blocks)
+        key_cache = key_cache.reshape((n * num_blocks,) + key_cache.shape[2:])
+        value_cache = value_cache.reshape((n * num_blocks,) + value_cache.shape[2:])
+    s = query.shape[1]
+    out = paged_attention_p.bind(
+        query.reshape((n * s,) + query.shape[2:]), key_cache, value_cache,
+        block_tables.reshape((n * s,) + block_tables.shape[2:]), seq_lens.reshape(n * s), alibi,
+        **params)
+    return out.reshape((n, s) + out.shape[1:]), 0
+
+
+# --------------------------------------------------------------------------
+# reshape_and_cache and copy_blocks (in place through aliasing)
+# --------------------------------------------------------------------------
+
+reshape_and_cache_p = Primitive("jax_paged_reshape_and_cache")
+reshape_and_cache_p.multiple_results = True
+copy_blocks_p = Primitive("jax_paged_copy_blocks")
+copy_blocks_p.multiple_results = True
+
+
+def _cache_avals(key_cache, value_cache):
+    return [ShapedArray(key_cache.shape, key_cache.dtype),
+            ShapedArray(value_cache.shape, value_cache.dtype)]
+
+
+def _write_abstract(key, value, key_cache, value_cache, slot_mapping):
+    _shapes.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    return _cache_avals(key_cache, value_cache)
+
+
+def _write_native(platform, key, value, key_cache, value_cache, slot_mapping):
+    out_types = (jax.ShapeDtypeStruct(key_cache.shape, key_cache.dtype),
+                 jax.ShapeDtypeStruct(value_cache.shape, value_cache.dtype))
+    return jax.ffi.ffi_call("jax_paged_reshape_and_cache", out_types,
+                            input_output_aliases={2: 0, 3: 1})(
+        key, value, key_cache, value_cache, slot_mapping)
+
+
+def _write_reference(key, value, key_cache, value_cache, slot_mapping):
+    return list(reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping))
+
+
+def _fold_caches(key_cache, value_cache):
+    n, num_blocks = key_cache.shape[:2]
+    return (key_cache.reshape((n * num_blocks,) + key_cache.shape[2:]),
+            value_cache.reshape((n * num_blocks,) + value_cache.shape[2:]), n, num_blocks)
+
+
+def _write_batch(args, dims):
+    n = _batch_size(args, dims)
+    key, value, key_cache, value_cache, slot_mapping = (
+        _move_batch(a, d, n) for a, d in zip(args, dims))
+    key_cache, value_cache, n, num_blocks = _fold_caches(key_cache, value_cache)
+    block_size = key_cache.shape[3]
+    slots = _offset_ids(slot_mapping, num_blocks * block_size)
+    t = key.shape[1]
+    kc, vc = reshape_and_cache_p.bind(key.reshape((n * t,) + key.shape[2:]),
+                                      value.reshape((n * t,) + value.shape[2:]),
+                                      key_cache, value_cache, slots.reshape(n * t))
+    return [kc.reshape((n, num_blocks) + kc.shape[1:]),
+            vc.reshape((n, num_blocks) + vc.shape[1:])], [0, 0]
+
+
+def _copy_abstract(key_cache, value_cache, block_mapping):
+    _shapes.check_copy_blocks(key_cache, value_cache, block_mapping)
+    return _cache_avals(key_cache, value_cache)
+
+
+def _copy_native(platform, key_cache, value_cache, block_mapping):
+    out_types = (jax.ShapeDtypeStruct(key_cache.shape, key_cache.dtype),
+                 jax.ShapeDtypeStruct(value_cache.shape, value_cache.dtype))
+    return jax.ffi.ffi_call("jax_paged_copy_blocks", out_types,
+                            input_output_aliases={0: 0, 1: 1})(
+        key_cache, value_cache, block_mapping)
+
+
+def _copy_reference(key_cache, value_cache, block_mapping):
+    return list(reference.copy_blocks(key_cache, value_cache, block_mapping))
+
+
+def _copy_batch(args, dims):
+    n = _batch_size(args, dims)
+    key_cache, value_cache, block_mapping = (_move_batch(a, d, n) for a, d in zip(args, dims))
+    key_cache, value_cache, n, num_blocks = _fold_caches(key_cache, value_cache)
+    mapping = _offset_ids(block_mapping, num_blocks)
+    # A pair is valid only if both ids are; _offset_ids marks each id alone.
+    mapping = jnp.where(jnp.all(mapping >= 0, axis=-1, keepdims=True), mapping, -1)
+    kc, vc = copy_blocks_p.bind(key_cache, value_cache, mapping.reshape(-1, 2))
+    return [kc.reshape((n, num_blocks) + kc.shape[1:]),
+            vc.reshape((n, num_blocks) + vc.shape[1:])], [0, 0]
+
+
+# --------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------
+
+def _eager_impl(prim):
+    # Eager binds run through jit, which lowers with the rules below.
+    def impl(*args, **params):
+        return jax.jit(functools.partial(prim.bind, **params))(*args)
+    return impl
+
+
+def _register(prim, abstract, native, ref, batch, multiple_results):
+    prim.def_impl(_eager_impl(prim))
+    prim.def_abstract_eval(abstract)
+    batching.primitive_batchers[prim] = batch
+    # Default lowering (any platform without native kernels): the reference.
+    mlir.register_lowering(prim, mlir.lower_fun(ref, multiple_results=multiple_results))
+    platforms = ("cpu", "cuda") if _native.has_cuda_kernels() else ("cpu",)
+    for platform in platforms:
+        # `native(platform, ...)`: the same FFI target names are registered
+        # for each platform; the platform only steers choices like impl="auto".
+        mlir.register_lowering(prim, mlir.lower_fun(functools.partial(native, platform),
+                                                    multiple_results=multiple_results),
+                               platform=platform)
+
+
+_register(paged_attention_p, _attention_abstract, _attention_native, _attention_reference,
+          _attention_batch, multiple_results=False)
+_register(reshape_and_cache_p, _write_abstract, _write_native, _write_reference, _write_batch,
+          multiple_results=True)
+_register(copy_blocks_p, _copy_abstract, _copy_native, _copy_reference, _copy_batch,
+          multiple_results=True)

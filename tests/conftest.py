@@ -1,0 +1,36 @@
+"""Shared fixtures: the platforms to run kernels on (CPU always, GPU when one
+is present) and random paged inputs with poisoned unused slots."""
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+jax.config.update("jax_enable_x64", False)
+
+
+def gpu_available() -> bool:
+    try:
+        return len(jax.devices("gpu")) > 0
+    except RuntimeError:
+        return False
+
+
+HAS_GPU = gpu_available()
+PLATFORMS = ["cpu"] + (["gpu"] if HAS_GPU else [])
+
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+
+
+@pytest.fixture(params=PLATFORMS)
+def platform(request) -> str:
+    """Platform the kernels under test run on."""
+    if request.param == "gpu":
+        import jax_paged
+        if not jax_paged.has_cuda_kernels():
+            pytest.fail("a GPU is present but jax_paged was built without CUDA kernels")
+    return request.param

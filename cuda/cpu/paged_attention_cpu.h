@@ -43,6 +43,11 @@ void AttendGroup(const PagedAttentionParams& p, int s, int kvh, int t0, int t1, 
   const T* vc = static_cast<const T*>(p.value_cache);
   const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
   const int64_t block_stride = static_cast<int64_t>(p.num_kv_heads) * D * B;
+  // One block of K (as stored: [D/x][B][x]) and of V (transposed to [B][D])
+  // in fp32, converted once and shared by the group's G query heads; both
+  // inner loops then run over contiguous floats and vectorise.
+  std::vector<float> kf(static_cast<size_t>(D) * B), vt(static_cast<size_t>(D) * B);
+  std::vector<float> partial(static_cast<size_t>(B) * x);
 
   // Pass 1: logits and running max.
   for (int j = t0 / B; j <= (t1 - 1) / B; ++j) {
@@ -51,15 +56,21 @@ void AttendGroup(const PagedAttentionParams& p, int s, int kvh, int t0, int t1, 
     const int off0 = std::max(t0, j * B) - j * B;
     const int off1 = std::min(t1, (j + 1) * B) - j * B;
     const T* kb = kc + block * block_stride + static_cast<int64_t>(kvh) * D * B;
+    for (int c = 0; c < D / x; ++c)
+      for (int e = off0 * x; e < off1 * x; ++e)
+        kf[static_cast<size_t>(c) * B * x + e] = ToFloat(kb[static_cast<int64_t>(c) * B * x + e]);
     for (int g = 0; g < G; ++g) {
       const int h = kvh * G + g;
-      const float* qg = q + g * D;
+      std::fill(partial.begin(), partial.end(), 0.0f);
+      for (int c = 0; c < D / x; ++c) {
+        const float* qc = q + g * D + c * x;
+        const float* kcf = kf.data() + static_cast<size_t>(c) * B * x;
+        for (int off = off0; off < off1; ++off)
+          for (int i = 0; i < x; ++i) partial[off * x + i] += qc[i] * kcf[off * x + i];
+      }
       for (int off = off0; off < off1; ++off) {
         float dot = 0.0f;
-        for (int c = 0; c < D / x; ++c) {
-          const T* kv = kb + (static_cast<int64_t>(c) * B + off) * x;
-          for (int i = 0; i < x; ++i) dot += qg[c * x + i] * ToFloat(kv[i]);
-        }
+        for (int i = 0; i < x; ++i) dot += partial[off * x + i];
         const int t = j * B + off;
         float logit = p.scale * dot;
         if (p.alibi_slopes) logit += p.alibi_slopes[h] * static_cast<float>(t - (L - 1));
@@ -76,21 +87,24 @@ void AttendGroup(const PagedAttentionParams& p, int s, int kvh, int t0, int t1, 
       sum[g] += lg[i];
     }
   }
-  // Pass 3: P.V, reading only valid tokens (the stale tail of the last block
-  // is never touched, so NaN there cannot leak in).
+  // Pass 3: P.V over valid tokens only (the stale tail of the last block is
+  // never converted or read, so NaN there cannot leak in).
   for (int j = t0 / B; j <= (t1 - 1) / B; ++j) {
     const int64_t block = table[j];
     if (block < 0 || block >= p.num_blocks) continue;
     const int off0 = std::max(t0, j * B) - j * B;
     const int off1 = std::min(t1, (j + 1) * B) - j * B;
     const T* vb = vc + block * block_stride + static_cast<int64_t>(kvh) * D * B;
-    for (int d = 0; d < D; ++d) {
-      const T* row = vb + static_cast<int64_t>(d) * B;
-      for (int g = 0; g < G; ++g) {
-        const float* pg = logits.data() + static_cast<size_t>(g) * n + (j * B - t0);
-        float a = 0.0f;
-        for (int off = off0; off < off1; ++off) a += pg[off] * ToFloat(row[off]);
-        acc[g * D + d] += a;
+    for (int d = 0; d < D; ++d)
+      for (int off = off0; off < off1; ++off)
+        vt[static_cast<size_t>(off) * D + d] = ToFloat(vb[static_cast<int64_t>(d) * B + off]);
+    for (int g = 0; g < G; ++g) {
+      const float* pg = logits.data() + static_cast<size_t>(g) * n + (j * B - t0);
+      float* ag = acc + g * D;
+      for (int off = off0; off < off1; ++off) {
+        const float pv = pg[off];
+        const float* row = vt.data() + static_cast<size_t>(off) * D;
+        for (int d = 0; d < D; ++d) ag[d] += pv * row[d];
       }
     }
   }

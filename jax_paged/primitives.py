@@ -27,7 +27,7 @@ from jax.core import ShapedArray
 from . import _native, _shapes, reference
 
 NOT_MAPPED = None  # how batching rules mark an unbatched operand
-IMPLS = ("auto", "v1", "v2", "reference")
+IMPLS = ("auto", "v1", "v2", "grouped", "reference")
 # Head sizes the CUDA kernels are instantiated for (block sizes: _shapes).
 CUDA_HEAD_SIZES = (64, 80, 96, 112, 120, 128, 192, 256)
 
@@ -60,6 +60,25 @@ def _cpu_threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def _num_sms() -> int:
+    """Multiprocessors of the first GPU (132 on an H200 if it cannot be read)."""
+    try:
+        return int(jax.devices("gpu")[0].core_count)
+    except (RuntimeError, AttributeError, IndexError, TypeError, ValueError):
+        return 132
+
+
+def grouped_partition_size(platform: str, dims: _shapes.AttentionDims) -> int:
+    """Partition length for impl="grouped" (split-KV): enough partitions that
+    every SM (or core) gets work, each at least 256 tokens, a multiple of
+    block_size. Chosen from static shapes, so no recompilation per length."""
+    workers = 2 * _num_sms() if platform == "cuda" else _cpu_threads()
+    items = max(1, dims.num_seqs * dims.num_kv_heads)
+    splits = max(1, min(-(-workers // items), -(-dims.capacity // 256)))
+    size = -(-dims.capacity // splits)
+    return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)
 
 
 def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
@@ -126,12 +145,20 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
     if impl == "v1":
         return jax.ffi.ffi_call("jax_paged_attention_v1", out_type)(
             *operands, **ffi_attrs(scale=scale))
+    target = "jax_paged_attention_v2"
+    if impl == "grouped":
+        # Split-KV with all query heads of a KV head in one CTA: V2's contract
+        # with a partition size sized to the machine. The CPU V2 kernel is
+        # already grouped, so only CUDA has a separate kernel.
+        partition_size = grouped_partition_size(platform, dims)
+        if platform == "cuda":
+            target = "jax_paged_attention_grouped"
     parts = dims.num_partitions(partition_size)
     rows = (dims.num_seqs, dims.num_heads, parts)
     workspace = (jax.ShapeDtypeStruct(rows, jnp.float32),                     # exp_sums
                  jax.ShapeDtypeStruct(rows, jnp.float32),                     # max_logits
                  jax.ShapeDtypeStruct(rows + (dims.head_size,), jnp.float32))  # tmp_out
-    results = jax.ffi.ffi_call("jax_paged_attention_v2", (out_type,) + workspace)(
+    results = jax.ffi.ffi_call(target, (out_type,) + workspace)(
         *operands, **ffi_attrs(scale=scale, partition_size=partition_size))
     return results[0]
 

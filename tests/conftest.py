@@ -5,8 +5,13 @@ from __future__ import annotations
 import os
 import sys
 
-import jax
-import pytest
+# Several host devices for the sharding tests; set before JAX starts.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_force_host_platform_device_count=4").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -14,6 +14,8 @@ from paged_inputs import (DTYPES, assert_close, dense_attention, make_paged_inpu
 # Lengths covering 0, 1, exact block multiples, ragged, and 512-token
 # partition boundaries (511 / 512 / 513).
 LENGTHS = [0, 1, 16, 31, 64, 511, 512, 513, 700]
+# Native paths: the classic V1/V2 and the split-KV grouped kernel.
+IMPLS = ["v1", "v2", "grouped"]
 
 
 def run_and_compare(platform, inp, dtype, impl, **kwargs):
@@ -25,7 +27,7 @@ def run_and_compare(platform, inp, dtype, impl, **kwargs):
     return np.asarray(out, np.float32)
 
 
-@pytest.mark.parametrize("impl", ["v1", "v2"])
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_dtypes_and_block_sizes(platform, impl, dtype, block_size):
@@ -40,7 +42,7 @@ def test_dtypes_and_block_sizes(platform, impl, dtype, block_size):
 def test_head_sizes(platform, head_size, dtype):
     rng = np.random.default_rng(head_size)
     inp = make_paged_inputs(rng, [1, 17, 300, 600], 4, 2, head_size, 16, dtype)
-    for impl in ("v1", "v2"):
+    for impl in IMPLS:
         run_and_compare(platform, inp, dtype, impl)
 
 
@@ -49,13 +51,14 @@ def test_head_sizes(platform, head_size, dtype):
 def test_gqa_mqa(platform, num_heads, num_kv_heads):
     rng = np.random.default_rng(num_heads * 10 + num_kv_heads)
     inp = make_paged_inputs(rng, [3, 129, 520], num_heads, num_kv_heads, 64, 16, jnp.bfloat16)
+    run_and_compare(platform, inp, jnp.bfloat16, "grouped")
     out = run_and_compare(platform, inp, jnp.bfloat16, "auto")
     # And against plain attention over the logical sequence (independent of paging).
     expected = dense_attention(inp.query.astype(np.float32), inp.keys, inp.values, 64 ** -0.5)
     np.testing.assert_allclose(out, expected, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("impl", ["v1", "v2"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_alibi_and_scale(platform, impl):
     rng = np.random.default_rng(3)
     inp = make_paged_inputs(rng, [1, 40, 513], 8, 4, 64, 16, np.float32)
@@ -78,6 +81,8 @@ def test_v1_equals_v2(platform, dtype):
                                                   partition_size=partition_size), np.float32)
         atol, rtol = {np.dtype(np.float32): (2e-5, 2e-5)}.get(np.dtype(dtype), (2e-2, 2e-2))
         np.testing.assert_allclose(v2, v1, atol=atol, rtol=rtol)
+    grouped = np.asarray(jax_paged.paged_attention(*args, impl="grouped"), np.float32)
+    np.testing.assert_allclose(grouped, v1, atol=atol, rtol=rtol)
 
 
 def test_padding_never_read(platform):
@@ -86,7 +91,7 @@ def test_padding_never_read(platform):
     rng = np.random.default_rng(5)
     inp = make_paged_inputs(rng, [7, 16, 100, 0, 33], 4, 2, 64, 16, np.float32,
                             max_blocks_per_seq=12, padding="garbage")
-    for impl in ("v1", "v2"):
+    for impl in IMPLS:
         run_and_compare(platform, inp, np.float32, impl, partition_size=64)
 
 
@@ -97,7 +102,7 @@ def test_invalid_ids_in_used_range_are_masked(platform):
     inp.block_tables[0, 1] = -7
     inp.block_tables[1, 0] = 2 ** 31 - 1
     inp.block_tables[2, 2] = inp.key_cache.shape[0]
-    for impl in ("v1", "v2"):
+    for impl in IMPLS:
         out = run_and_compare(platform, inp, np.float32, impl, partition_size=32)
         assert np.all(np.isfinite(out))
     with pytest.raises(ValueError, match=r"sequences \[0, 1, 2\]"):
@@ -134,7 +139,7 @@ def test_gpu_every_head_and_block_size(head_size, block_size):
     for dtype in DTYPES:
         inp = make_paged_inputs(rng, [1, block_size, 77, 513], 8, 2, head_size, block_size,
                                 dtype)
-        for impl in ("v1", "v2"):
+        for impl in IMPLS:
             run_and_compare("gpu", inp, dtype, impl)
 
 
@@ -142,8 +147,8 @@ def test_gpu_every_head_and_block_size(head_size, block_size):
 def test_gpu_long_context():
     rng = np.random.default_rng(9)
     inp = make_paged_inputs(rng, [32768, 20000], 8, 2, 128, 16, jnp.bfloat16, poison=False)
-    run_and_compare("gpu", inp, jnp.bfloat16, "v2")
-    run_and_compare("gpu", inp, jnp.bfloat16, "auto")
+    for impl in ("v2", "grouped", "auto"):
+        run_and_compare("gpu", inp, jnp.bfloat16, impl)
 
 
 @requires_gpu
@@ -151,7 +156,7 @@ def test_gpu_large_batch():
     rng = np.random.default_rng(10)
     lens = rng.integers(1, 600, size=256)
     inp = make_paged_inputs(rng, lens, 32, 8, 128, 16, jnp.bfloat16)
-    for impl in ("v1", "v2", "auto"):
+    for impl in IMPLS + ["auto"]:
         run_and_compare("gpu", inp, jnp.bfloat16, impl)
 
 
@@ -187,7 +192,7 @@ def test_gpu_cache_beyond_int32_elements():
     query = rng.standard_normal((2, 32, head_size)).astype(jnp.bfloat16)
     expected = dense_attention(query.astype(np.float32), [k.astype(np.float32) for k in keys],
                                [v.astype(np.float32) for v in values], head_size ** -0.5)
-    for impl in ("v1", "v2"):
+    for impl in IMPLS:
         out = jax_paged.paged_attention(jnp.asarray(query), key_cache, value_cache,
                                         jnp.asarray(blocks), jnp.asarray(lens), impl=impl,
                                         partition_size=32)

@@ -2,6 +2,8 @@
 and an input checker for block tables."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -57,9 +59,41 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
                                          alibi if alibi_slopes is not None else None)
     _shapes.check_partition_size(partition_size, dims.block_size)
     scale = float(dims.head_size ** -0.5 if scale is None else scale)
+    return _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi,
+                                     scale, impl, int(partition_size))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi,
+                              scale, impl, partition_size):
     return primitives.paged_attention_p.bind(
         query, key_cache, value_cache, block_tables, seq_lens, alibi, scale=scale, impl=impl,
-        partition_size=int(partition_size))
+        partition_size=partition_size)
+
+
+def _attention_fwd(query, key_cache, value_cache, block_tables, seq_lens, alibi, scale, impl,
+                   partition_size):
+    out = _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi,
+                                    scale, impl, partition_size)
+    return out, (query, key_cache, value_cache, block_tables, seq_lens, alibi)
+
+
+def _attention_bwd(scale, impl, partition_size, residuals, out_grad):
+    # The backward pass differentiates the reference (same semantics): it
+    # recomputes the forward in jnp, which is fine for fine-tuning-sized use.
+    query, key_cache, value_cache, block_tables, seq_lens, alibi = residuals
+
+    def forward(query, key_cache, value_cache, alibi):
+        return reference.paged_attention(
+            query, key_cache, value_cache, block_tables, seq_lens, scale=scale,
+            alibi_slopes=alibi if alibi.shape[0] else None)
+
+    _, vjp = jax.vjp(forward, query, key_cache, value_cache, alibi)
+    d_query, d_key_cache, d_value_cache, d_alibi = vjp(out_grad)
+    return d_query, d_key_cache, d_value_cache, None, None, d_alibi
+
+
+_differentiable_attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def reshape_and_cache(key: ArrayLike, value: ArrayLike, key_cache: ArrayLike,

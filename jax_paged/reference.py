@@ -82,6 +82,10 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sc
     t = jnp.arange(capacity, dtype=jnp.int32)
     mask = (t[None, :] < lens[:, None]) & token_block_valid                  # [S, T]
 
+    # Zero masked K and V (0 * NaN = NaN): unused slots may hold anything, and
+    # the gradient must not see them either.
+    k = jnp.where(mask[:, None, :, None], k, 0.0)
+    v = jnp.where(mask[:, None, :, None], v, 0.0)
     q = query.astype(jnp.float32).reshape(num_seqs, kv_heads, group, head_size)
     logits = scale * jnp.einsum("skgd,sktd->skgt", q, k, precision=_HIGHEST)
     if alibi_slopes is not None:
@@ -89,7 +93,6 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sc
         rel = (t[None, :] - (lens[:, None] - 1)).astype(jnp.float32)         # [S, T]
         logits = logits + slopes[None, :, :, None] * rel[:, None, None, :]
     logits = jnp.where(mask[:, None, None, :], logits, -jnp.inf)
-    v = jnp.where(mask[:, None, :, None], v, 0.0)                            # 0 * NaN
 
     if impl != "v2":
         out, _, _ = _normalised_partial(logits, v)

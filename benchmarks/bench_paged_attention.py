@@ -1,0 +1,1050 @@
+#!/usr/bin/env python3
+"""Benchmark of paged-attention decode: jax_paged against the jnp reference and Pallas.
+
+One run measures, on the default JAX device (the GPU when there is one):
+
+* the device-to-device copy bandwidth through JAX (bytes read + bytes written);
+* ``jax_paged.paged_attention`` with ``impl="auto"``, ``"v1"``, ``"v2"`` (and any
+  names given with ``--impls``);
+* the jnp reference (``impl="reference"``);
+* JAX's Pallas GPU kernel ``jax.experimental.pallas.ops.gpu.paged_attention``
+  (Triton lowering; interpret mode on a machine without a GPU) on the same data,
+  converted once, outside timing, to Pallas's ``[num_kv_heads, pages, page_size,
+  head_dim]`` layout.
+
+Every implementation is first checked against an independent float32 ground truth
+(gathered, masked softmax, HIGHEST matmul precision), then timed. The figure of
+merit is the effective bandwidth: bytes of K and V of the valid tokens / time.
+
+Output: a progress bar while running, a JSON file of every number (``--json``), a
+PNG plot (``--png``) and, printed last, the tables. See benchmarks/README.md.
+
+    python benchmarks/bench_paged_attention.py                  # defaults, on the GPU
+    python benchmarks/bench_paged_attention.py --quick          # tiny CPU smoke run
+    python benchmarks/bench_paged_attention.py --config 16,40,8,4096,128,32 --config ragged:64,32,8,4096
+
+Exit status: 0 when every jax_paged implementation (reference included) ran and
+matched the ground truth; 1 when one failed or mismatched (Pallas failures are
+recorded, never fatal); 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import inspect
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# ---------------------------------------------------------------------------
+# Figures quoted from issue 4 (same card model, an earlier run, NOT measured here).
+# bf16, head 128, block 16, all sequences of length L. (µs per call, TB/s).
+# ---------------------------------------------------------------------------
+QUOTED_SOURCE = ("issue 4 'Performance: beat FlashInfer on the H200' (H200, bf16, head 128, "
+                 "block 16; copy bandwidth there 4.22 TB/s); quoted, not measured by this run")
+QUOTED_COPY_TBPS = 4.22
+QUOTED = {
+    (64, 32, 8, 4096): {"reference": (1144, 0.94), "pallas": (470, 2.28), "vllm_v1": (1056, 1.02),
+                        "vllm_v2": (858, 1.25), "flashinfer": (385, 2.79)},
+    (256, 32, 8, 1024): {"reference": (1174, 0.91), "pallas": (492, 2.18), "vllm_v1": (882, 1.22),
+                         "vllm_v2": (866, 1.24), "flashinfer": (367, 2.92)},
+    (1, 32, 8, 32768): {"reference": (124, 1.08), "pallas": (84, 1.59), "vllm_v1": (1996, 0.07),
+                        "vllm_v2": (146, 0.92), "flashinfer": (57, 2.37)},
+    (8, 32, 8, 8192): {"reference": (309, 0.87), "pallas": (136, 1.97), "vllm_v1": (523, 0.51),
+                       "vllm_v2": (244, 1.10), "flashinfer": (101, 2.66)},
+    (32, 32, 32, 2048): {"reference": (923, 1.16), "pallas": (475, 2.26), "vllm_v1": (347, 3.09),
+                         "vllm_v2": (317, 3.39), "flashinfer": (257, 4.18)},
+    (128, 64, 8, 2048): {"reference": (1183, 0.91), "pallas": (479, 2.24), "vllm_v1": (1695, 0.63),
+                         "vllm_v2": (1619, 0.66), "flashinfer": (658, 1.63)},
+}
+
+DEFAULT_CONFIGS = [
+    "64,32,8,4096", "256,32,8,1024", "1,32,8,32768", "8,32,8,8192",
+    "32,32,32,2048", "128,64,8,2048", "ragged:64,32,8,4096",
+]
+QUICK_CONFIGS = ["2,4,2,40", "ragged:3,8,2,100,64,8", "2,6,6,33,128,32", "1,10,2,700"]
+
+DTYPES = {"bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16, "float16": jnp.float16,
+          "fp16": jnp.float16, "half": jnp.float16, "float32": jnp.float32, "fp32": jnp.float32}
+# Relative L2 error ||out - truth|| / ||truth|| above which a result is flagged.
+TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3, "float32": 2e-3}  # f32: Pallas may use tf32
+
+PALLAS_DEFAULTS = dict(block_h=16, pages_per_compute_block=8, k_splits=16, num_warps=8, num_stages=2)
+
+METHOD_TEXT = {
+    "loop": ("loop: each sample times one call of a jitted lax.fori_loop with a static trip count "
+             "R; each iteration calls the implementation once per input set (n_sets rotated sets) "
+             "and feeds its output back as the next query (a true data dependency: XLA can neither "
+             "drop nor hoist a call). Host clock around the call + block_until_ready; time per call "
+             "= sample / (R * n_sets); R (a power of two, recompiled) is raised from 2 by timed probes "
+             "until one sample lasts about --target-ms, so the fixed cost of a sample (dispatch, "
+             "sync) is amortised; reported figure = median of --reps samples, taken after "
+             "compilation and a warm-up run."),
+    "dispatch": ("dispatch: each sample dispatches N back-to-back calls of the jitted single call "
+                 "(asynchronously, output fed back as the next query, rotating input sets) and "
+                 "synchronises once with block_until_ready; time per call = sample / N; median of "
+                 "--reps samples after warm-up."),
+}
+
+
+# ---------------------------------------------------------------------------
+# Configurations
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Config:
+    batch: int
+    num_heads: int
+    num_kv_heads: int
+    seq_len: int
+    head_size: int = 128
+    block_size: int = 16
+    ragged: bool = False
+    dtype: str = "bfloat16"
+
+    @property
+    def label(self) -> str:
+        s = ("ragged:" if self.ragged else "") + f"{self.batch},{self.num_heads},{self.num_kv_heads},{self.seq_len}"
+        if self.head_size != 128 or self.block_size != 16:
+            s += f",{self.head_size},{self.block_size}"
+        return s
+
+    @property
+    def quoted_key(self):
+        if (not self.ragged and self.head_size == 128 and self.block_size == 16
+                and self.dtype == "bfloat16"):
+            return (self.batch, self.num_heads, self.num_kv_heads, self.seq_len)
+        return None
+
+
+def parse_config(text: str, dtype: str) -> Config:
+    s = text.strip()
+    ragged = False
+    if s.startswith("ragged:"):
+        ragged, s = True, s[len("ragged:"):]
+    parts = [p for p in re.split(r"[,x ]+", s) if p]
+    if not 4 <= len(parts) <= 6:
+        raise ValueError(f"config {text!r}: want [ragged:]B,Hq,Hkv,L[,head_size[,block_size]]")
+    vals = [int(p) for p in parts]
+    cfg = Config(*vals[:4], *(vals[4:]), ragged=ragged, dtype=dtype)
+    if min(vals) <= 0:
+        raise ValueError(f"config {text!r}: all numbers must be positive")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(f"config {text!r}: Hq must be a multiple of Hkv")
+    return cfg
+
+
+# ---------------------------------------------------------------------------
+# Small utilities
+# ---------------------------------------------------------------------------
+class _TextBar:
+    """Fallback progress bar when tqdm is missing: one line per step on stderr."""
+
+    def __init__(self, total, desc=""):
+        self.total, self.n, self.desc, self.t0 = total, 0, desc, time.time()
+
+    def set_description(self, desc):
+        self.desc = desc
+
+    def update(self, k=1):
+        self.n += k
+        print(f"[{self.n}/{self.total} {time.time() - self.t0:6.1f}s] {self.desc}",
+              file=sys.stderr, flush=True)
+
+    def write(self, msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    def close(self):
+        pass
+
+
+def progress_bar(total, disable=False):
+    if disable:
+        bar = _TextBar(total)
+        bar.update = lambda k=1: None  # type: ignore[method-assign]
+        return bar
+    if not sys.stderr.isatty():      # logs (tee, CI): one plain line per step
+        return _TextBar(total)
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, file=sys.stderr, dynamic_ncols=True, mininterval=0.5,
+                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
+    except Exception:  # pragma: no cover - tqdm is optional
+        return _TextBar(total)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
+
+
+def short_error(exc: BaseException, limit: int = 300) -> str:
+    msg = f"{type(exc).__name__}: {exc}".strip().replace("\n", " | ")
+    return msg if len(msg) <= limit else msg[:limit] + " ..."
+
+
+def fmt(v, spec, none="-"):
+    """format(v, spec), or `none` right-aligned to the spec's width when v is missing."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        m = re.match(r"\d+", spec)
+        return none.rjust(int(m.group())) if m else none
+    return format(v, spec)
+
+
+def fmt_bw(v, width=6):
+    """TB/s with 2 decimals, or scientific notation for the tiny figures of CPU smoke runs."""
+    if v is None or not math.isfinite(v):
+        return f"{'-':>{width}}"
+    return f"{v:{width}.2f}" if v >= 0.1 else f"{v:{width}.0e}"
+
+
+def block(x):
+    return jax.block_until_ready(x)
+
+
+def rkey(seed: int):
+    """PRNG key for the benchmark data. 'unsafe_rbg' (XLA's RngBitGenerator) compiles in well
+    under a second where threefry takes many seconds on a busy CPU; statistical quality is
+    irrelevant here, only that the data are random (never zeros)."""
+    return jax.random.key(seed, impl="unsafe_rbg")
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(math.ceil(math.log2(max(n, 1)))))
+
+
+# ---------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------
+def _wall(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    block(fn())
+    return time.perf_counter() - t0
+
+
+def _loop_fn(step, R: int, n_sets: int):
+    def run(carry, sets):
+        def body(_, c):
+            for s in range(n_sets):
+                c = step(c, *sets[s])
+            return c
+        return lax.fori_loop(0, R, body, carry)
+    return jax.jit(run)
+
+
+def time_loop(step, carry0, sets, args) -> dict:
+    """Per-call time of `step` via a jitted fori_loop (see METHOD_TEXT['loop'])."""
+    n = len(sets)
+    target = args.target_ms * 1e-3
+    R = 2
+    f = _loop_fn(step, R, n)
+    t_compile = _wall(lambda: f(carry0, sets))          # compile + first run
+    _wall(lambda: f(carry0, sets))                      # warm-up
+    per_call = None
+    for _ in range(4):                                  # grow R until a sample lasts ~target
+        t = min(_wall(lambda: f(carry0, sets)) for _ in range(2))
+        per_call = t / (R * n)
+        if t >= 0.5 * target or R >= args.max_loop:
+            break
+        R_new = min(args.max_loop, next_pow2(math.ceil(R * target / max(t, 1e-9))))
+        if R_new <= R:
+            break
+        R = R_new
+        f = _loop_fn(step, R, n)
+        _wall(lambda: f(carry0, sets))                  # compile + warm-up
+    samples = [_wall(lambda: f(carry0, sets)) / (R * n) for _ in range(args.reps)]
+    return dict(method="loop", median_s=statistics.median(samples), samples_s=samples,
+                R=R, n_sets=n, calls_per_sample=R * n, probe_per_call_s=per_call,
+                first_call_s=t_compile)
+
+
+def time_dispatch(step_jit, carry0, sets, args) -> dict:
+    """Per-call time of back-to-back dispatches (see METHOD_TEXT['dispatch'])."""
+    n = len(sets)
+
+    def run(count):
+        def go():
+            c = carry0
+            for i in range(count):
+                c = step_jit(c, *sets[i % n])
+            return c
+        return go
+
+    _wall(run(1))
+    _wall(run(n))
+    probe = min(_wall(run(2 * n)) for _ in range(2)) / (2 * n)
+    count = int(min(max(n, math.ceil(args.target_ms * 1e-3 / max(probe, 1e-9))), args.max_loop))
+    count = max(n, (count // n) * n)
+    samples = [_wall(run(count)) / count for _ in range(args.reps)]
+    return dict(method="dispatch", median_s=statistics.median(samples), samples_s=samples,
+                calls_per_sample=count, n_sets=n, probe_s=probe)
+
+
+def run_timing(step, carry0, sets, args, step_jit=None) -> dict:
+    out = {}
+    if args.method in ("loop", "both"):
+        out["loop"] = time_loop(step, carry0, sets, args)
+    if args.method in ("dispatch", "both"):
+        out["dispatch"] = time_dispatch(step_jit or jax.jit(step), carry0, sets, args)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Copy bandwidth
+# ---------------------------------------------------------------------------
+def measure_copy_bandwidth(args) -> dict:
+    """Device-to-device streaming bandwidth through JAX: y = x + 1 on a large float32 array,
+    counting bytes read + bytes written. Two variants; the larger figure is the reference."""
+    n_elem = max(1, int(args.copy_gb * 2 ** 30) // 4)
+    x = block(jax.jit(lambda k: jax.random.normal(k, (n_elem,), jnp.float32))(rkey(args.seed + 12345)))
+    nbytes = 2 * n_elem * 4
+    res: dict[str, Any] = dict(array_bytes=n_elem * 4, bytes_per_call=nbytes,
+                               kernel="y = x + 1 (float32), bytes read + written")
+    inc = lambda c: c + jnp.float32(1.0)  # noqa: E731
+    try:
+        t = time_loop(inc, x, [()], args)
+        res["loop"] = dict(us=t["median_s"] * 1e6, tbps=nbytes / t["median_s"] / 1e12,
+                           R=t["R"], samples_us=[s * 1e6 for s in t["samples_s"]],
+                           note="in-place update of the loop carry")
+    except Exception as e:  # pragma: no cover
+        res["loop"] = dict(error=short_error(e))
+    try:
+        f = jax.jit(inc)
+        t = time_dispatch(f, x, [()], args)
+        res["dispatch"] = dict(us=t["median_s"] * 1e6, tbps=nbytes / t["median_s"] / 1e12,
+                               calls_per_sample=t["calls_per_sample"],
+                               samples_us=[s * 1e6 for s in t["samples_s"]],
+                               note="out-of-place, back-to-back jitted calls")
+    except Exception as e:  # pragma: no cover
+        res["dispatch"] = dict(error=short_error(e))
+    del x
+    figures = [v["tbps"] for k, v in res.items() if isinstance(v, dict) and "tbps" in v]
+    res["tbps"] = max(figures) if figures else None
+    return res
+
+
+# ---------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------
+def cache_shapes(cfg: Config, num_blocks: int):
+    itemsize = jnp.dtype(DTYPES[cfg.dtype]).itemsize
+    x = 16 // itemsize
+    if cfg.head_size % x:
+        raise ValueError(f"head_size {cfg.head_size} not a multiple of x={x}")
+    kshape = (num_blocks, cfg.num_kv_heads, cfg.head_size // x, cfg.block_size, x)
+    vshape = (num_blocks, cfg.num_kv_heads, cfg.head_size, cfg.block_size)
+    return kshape, vshape
+
+
+def plan_config(cfg: Config, args) -> dict:
+    """Lengths, block counts, bytes and the number of rotated input sets."""
+    rng = np.random.default_rng([args.seed, 1])
+    if cfg.ragged:
+        lens = rng.integers(1, cfg.seq_len + 1, size=cfg.batch).astype(np.int32)
+    else:
+        lens = np.full((cfg.batch,), cfg.seq_len, np.int32)
+    bs = cfg.block_size
+    nblocks = (lens + bs - 1) // bs
+    num_blocks = int(nblocks.sum())
+    itemsize = jnp.dtype(DTYPES[cfg.dtype]).itemsize
+    pool_bytes = 2 * num_blocks * bs * cfg.num_kv_heads * cfg.head_size * itemsize
+    kv_bytes = int(lens.sum()) * cfg.num_kv_heads * cfg.head_size * 2 * itemsize
+    n_sets = 1
+    if pool_bytes < args.rotate_mb * 2 ** 20:
+        n_sets = min(args.max_sets, max(2, math.ceil(args.rotate_mb * 2 ** 20 / max(pool_bytes, 1))))
+    copies = 2 if not args.no_pallas else 1          # native + Pallas layout
+    cap = args.max_cache_gb * 2 ** 30
+    while n_sets > 1 and pool_bytes * n_sets * copies > cap:
+        n_sets -= 1
+    too_big = pool_bytes * copies > cap
+    return dict(lens=lens, nblocks=nblocks, num_blocks=num_blocks, max_blocks=-(-cfg.seq_len // bs),
+                pool_bytes=pool_bytes, kv_bytes=kv_bytes, n_sets=n_sets, too_big=too_big,
+                alloc_bytes=pool_bytes * n_sets * copies)
+
+
+def make_sets(cfg: Config, plan: dict, args):
+    """Random q and n_sets independent (key_cache, value_cache, block_tables, seq_lens)."""
+    dtype = DTYPES[cfg.dtype]
+    kshape, vshape = cache_shapes(cfg, plan["num_blocks"])
+    gen = jax.jit(lambda kk, kv: (jax.random.normal(kk, kshape, dtype),
+                                  jax.random.normal(kv, vshape, dtype)))
+    lens, nblocks, N, M = plan["lens"], plan["nblocks"], plan["num_blocks"], plan["max_blocks"]
+    seq_lens = jnp.asarray(lens)
+    sets, tables = [], []
+    for s in range(plan["n_sets"]):
+        rng = np.random.default_rng([args.seed, 2, s])
+        perm = rng.permutation(N).astype(np.int32)
+        bt = rng.integers(0, N, size=(cfg.batch, M), dtype=np.int32)   # padding: valid ids
+        off = 0
+        for b in range(cfg.batch):
+            bt[b, :nblocks[b]] = perm[off:off + nblocks[b]]
+            off += nblocks[b]
+        kc, vc = gen(rkey(args.seed * 1000 + 17 + 2 * s), rkey(args.seed * 1000 + 18 + 2 * s))
+        sets.append((kc, vc, jnp.asarray(bt), seq_lens))
+        tables.append(bt)
+    q = jax.jit(lambda k: jax.random.normal(k, (cfg.batch, cfg.num_heads, cfg.head_size), dtype))(
+        rkey(args.seed * 1000 + 3))
+    return block(q), block(sets)
+
+
+def ground_truth(q, kc, vc, bt, sl, scale: float):
+    """Independent float32 paged attention: gather, mask, softmax, HIGHEST precision."""
+    B, Hq, D = q.shape
+    _, Hkv, _, bs, _ = kc.shape
+    M = bt.shape[1]
+    g = Hq // Hkv
+    per_seq = M * bs * Hkv * D * 4 * 2
+    chunk = int(max(1, min(B, (1 << 30) // max(per_seq, 1))))
+
+    def one(kc, vc, a):
+        qs, row, L = a
+        k = kc[row].transpose(0, 3, 1, 2, 4).reshape(M * bs, Hkv, D).astype(jnp.float32)
+        v = vc[row].transpose(0, 3, 1, 2).reshape(M * bs, Hkv, D).astype(jnp.float32)
+        qg = qs.reshape(Hkv, g, D).astype(jnp.float32)
+        logits = jnp.einsum("kgd,tkd->kgt", qg, k, precision=lax.Precision.HIGHEST) * scale
+        logits = jnp.where(jnp.arange(M * bs)[None, None, :] < L, logits, -jnp.inf)
+        p = jax.nn.softmax(logits, axis=-1)
+        o = jnp.einsum("kgt,tkd->kgd", p, v, precision=lax.Precision.HIGHEST)
+        return o.reshape(Hq, D)
+
+    # The caches are arguments, never closed-over constants.
+    return jax.jit(lambda kc, vc, *a: lax.map(lambda t: one(kc, vc, t), a, batch_size=chunk))(
+        kc, vc, q, bt, sl)
+
+
+def compare(out, truth) -> dict:
+    o = np.asarray(jnp.asarray(out, jnp.float32))
+    t = np.asarray(truth)
+    finite = bool(np.isfinite(o).all())
+    d = np.abs(o - t)
+    max_abs = float(np.nanmax(d)) if d.size else 0.0
+    rel = float(np.linalg.norm(np.nan_to_num(o - t, nan=1e30)) / max(np.linalg.norm(t), 1e-30))
+    return dict(max_abs_err=max_abs if finite else float("nan"), rel_l2_err=rel if finite else float("nan"),
+                finite=finite, ref_max_abs=float(np.abs(t).max()) if t.size else 0.0)
+
+
+# ---------------------------------------------------------------------------
+# Implementations
+# ---------------------------------------------------------------------------
+def jax_paged_step(jp, impl: str, scale: float, partition_size: int):
+    def step(q, kc, vc, bt, sl):
+        return jp.paged_attention(q, kc, vc, bt, sl, scale=scale, impl=impl,
+                                  partition_size=partition_size)
+    return step
+
+
+def reference_step(jp, scale: float):
+    """impl='reference' through the public entry point, else jax_paged.reference."""
+    def via_api(q, kc, vc, bt, sl):
+        return jp.paged_attention(q, kc, vc, bt, sl, scale=scale, impl="reference")
+
+    def via_module(q, kc, vc, bt, sl):
+        return jp.reference.paged_attention(q, kc, vc, bt, sl, scale=scale)
+    return via_api, via_module
+
+
+def load_pallas():
+    from jax.experimental.pallas.ops.gpu import paged_attention as mod
+    fn = mod.paged_attention
+    try:
+        params = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # pragma: no cover
+        params = set(PALLAS_DEFAULTS) | {"interpret"}
+    return fn, params
+
+
+def pallas_settings(cfg: Config, overrides: dict) -> dict:
+    """Valid Pallas settings for this config. Constraints of the kernel (jax 0.10-0.11):
+    block_h % 16 == 0 (query heads of a KV head are padded up to block_h);
+    pages_per_sequence % k_splits == 0; pages_per_partition % pages_per_compute_block == 0
+    after pages_per_compute_block = min(pages_per_compute_block, pages_per_partition);
+    Triton tiles want power-of-two sizes and dot operands of >= 16 rows, so
+    pages_per_compute_block * block_size is kept a power of two >= 16.
+    JAX's defaults are kept where valid (k_splits lowered to the page count, ppcb to the pages
+    per split, as the kernel itself does), and the block-table columns are padded (with page 0,
+    a valid id masked by `lengths`) up to a multiple of k_splits * ppcb."""
+    o = dict(PALLAS_DEFAULTS)
+    o.update(overrides)
+    pages = -(-cfg.seq_len // cfg.block_size)
+    k_splits = max(1, min(int(o["k_splits"]), pages))
+    ppcb = max(1, min(int(o["pages_per_compute_block"]), -(-pages // k_splits)))
+    ppcb = 1 << (ppcb.bit_length() - 1)                      # power of two, rounded down
+    if ppcb * cfg.block_size < 16:
+        ppcb = next_pow2(-(-16 // cfg.block_size))
+        k_splits = max(1, min(k_splits, -(-pages // ppcb)))
+    padded = -(-pages // (k_splits * ppcb)) * (k_splits * ppcb)
+    o.update(k_splits=k_splits, pages_per_compute_block=ppcb)
+    return dict(kwargs=o, pages_per_sequence=pages, padded_pages_per_sequence=padded)
+
+
+def to_pallas_layout(kc, vc, bt, padded_pages: int, pool_pages: int | None = None):
+    N, Hkv, Dx, bs, x = kc.shape
+    D = Dx * x
+
+    def conv(kc, vc, bt):
+        kp = kc.transpose(1, 0, 3, 2, 4).reshape(Hkv, N, bs, D)     # [Hkv, N, bs, D]
+        vp = vc.transpose(1, 0, 3, 2)                                # [Hkv, N, bs, D]
+        if pool_pages is not None and pool_pages > N:
+            pad = ((0, 0), (0, pool_pages - N), (0, 0), (0, 0))
+            kp, vp = jnp.pad(kp, pad), jnp.pad(vp, pad)
+        btp = jnp.pad(bt, ((0, 0), (0, padded_pages - bt.shape[1])))  # page 0: valid, masked
+        return kp, vp, btp
+    return jax.jit(conv)(kc, vc, bt)
+
+
+def pallas_step(fn, params: set, kwargs: dict, scale: float, interpret: bool):
+    kw = {k: v for k, v in kwargs.items() if k in params}
+    if "interpret" in params and interpret:
+        kw["interpret"] = True
+
+    def step(q, kp, vp, btp, sl):
+        qs = (q.astype(jnp.float32) * scale).astype(q.dtype)   # Pallas takes no scale
+        return fn(qs, kp, vp, btp, sl, **kw)
+    return step, kw
+
+
+# ---------------------------------------------------------------------------
+# One configuration
+# ---------------------------------------------------------------------------
+def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dict:
+    plan = plan_config(cfg, args)
+    scale = cfg.head_size ** -0.5
+    res: dict[str, Any] = dict(
+        config=dataclasses.asdict(cfg), label=cfg.label, kv_bytes=plan["kv_bytes"],
+        total_tokens=int(plan["lens"].sum()), num_blocks=plan["num_blocks"],
+        max_blocks_per_seq=plan["max_blocks"], pool_bytes=plan["pool_bytes"],
+        n_sets=plan["n_sets"], alloc_bytes=plan["alloc_bytes"], scale=scale, impls={},
+        quoted=QUOTED.get(cfg.quoted_key) if cfg.quoted_key else None)
+    if cfg.ragged:
+        res["seq_lens"] = plan["lens"].tolist()
+    names = list(impls) + ([] if args.no_reference else ["reference"]) + ([] if args.no_pallas else ["pallas"])
+    if plan["too_big"]:
+        msg = (f"skipped: needs {plan['pool_bytes'] * (1 if args.no_pallas else 2) / 2**30:.2f} GiB "
+               f"of caches > --max-cache-gb {args.max_cache_gb}")
+        for n in names:
+            res["impls"][n] = dict(error=msg)
+        bar.update(len(names) + 1)
+        return res
+
+    bar.set_description(f"{cfg.label}: data")
+    q, sets = make_sets(cfg, plan, args)
+    truth = block(ground_truth(q, *sets[0], scale))
+    ref_out = None
+    if not args.no_reference:      # the jnp reference's output, for a second comparison
+        for fn in reference_step(jp, scale):
+            try:
+                ref_out = np.asarray(jnp.asarray(block(jax.jit(fn)(q, *sets[0])), jnp.float32))
+                break
+            except Exception:
+                continue
+    bar.update(1)
+    tol = TOLERANCE[cfg.dtype]
+
+    def measure(name, step, step_sets, extra=None):
+        bar.set_description(f"{cfg.label}: {name}")
+        r: dict[str, Any] = dict(extra or {})
+        try:
+            fj = jax.jit(step)
+            out = block(fj(q, *step_sets[0]))
+            r.update(compare(out, truth))
+            if ref_out is not None:
+                r["max_abs_diff_vs_reference"] = float(
+                    np.nanmax(np.abs(np.asarray(jnp.asarray(out, jnp.float32)) - ref_out)))
+            r["ok"] = bool(r["finite"] and r["rel_l2_err"] <= tol)
+            del out
+            t = run_timing(step, q, step_sets, args, step_jit=fj)
+            for m, tm in t.items():
+                r[m] = dict(us=tm["median_s"] * 1e6,
+                            samples_us=[s * 1e6 for s in tm["samples_s"]],
+                            **{k: v for k, v in tm.items() if k not in ("median_s", "samples_s", "method")})
+            main = t.get("loop") or t.get("dispatch")
+            r["us"] = main["median_s"] * 1e6
+            r["tbps"] = plan["kv_bytes"] / main["median_s"] / 1e12
+            r["frac_copy"] = r["tbps"] / copy_tbps if copy_tbps else None
+        except Exception as e:
+            r["error"] = short_error(e)
+            r["traceback"] = traceback.format_exc(limit=6)
+            if args.verbose:
+                bar.write(f"{cfg.label} {name}: {r['traceback']}")
+        bar.update(1)
+        return r
+
+    # jax_paged implementations (and the reference)
+    for name in impls:
+        res["impls"][name] = measure(name, jax_paged_step(jp, name, scale, args.partition_size), sets)
+    if not args.no_reference:
+        via_api, via_module = reference_step(jp, scale)
+        r = measure("reference", via_api, sets, dict(entry='paged_attention(impl="reference")'))
+        if "error" in r and hasattr(jp, "reference"):
+            bar.total += 1
+            r2 = measure("reference", via_module, sets, dict(entry="jax_paged.reference.paged_attention",
+                                                            api_error=r["error"]))
+            r = r2
+        res["impls"]["reference"] = r
+
+    # Pallas GPU kernel on the same data, converted once outside timing
+    if not args.no_pallas:
+        res["impls"]["pallas"] = bench_pallas(cfg, args, q, sets, plan, scale, measure, bar)
+
+    # q, sets, truth and the Pallas copies are freed when this frame and `measure` go away.
+    return res
+
+
+def bench_pallas(cfg, args, q, sets, plan, scale, measure, bar) -> dict:
+    try:
+        fn, params = load_pallas()
+    except Exception as e:
+        bar.update(1)
+        return dict(error="import failed: " + short_error(e))
+    interpret = jax.default_backend() != "gpu"
+    st = pallas_settings(cfg, args.pallas_opts)
+    info = dict(settings=st["kwargs"], pages_per_sequence=st["pages_per_sequence"],
+                padded_pages_per_sequence=st["padded_pages_per_sequence"], interpret=interpret,
+                prescaled_query=True)
+
+    def attempt(pool_pages, kwargs, extra, time_it=True):
+        psets = [to_pallas_layout(kc, vc, bt, st["padded_pages_per_sequence"], pool_pages)
+                 for (kc, vc, bt, _sl) in sets]
+        psets = [(kp, vp, btp, sl) for (kp, vp, btp), (_, _, _, sl) in zip(psets, sets)]
+        block(psets)
+        step, kw = pallas_step(fn, params, kwargs, scale, interpret)
+        r = measure("pallas", step, psets, dict(info, **extra, call_kwargs=kw))
+        del psets
+        return r
+
+    tune = None
+    if args.pallas_tune and not interpret:
+        tune = pallas_tune(cfg, args, fn, params, q, sets, st, scale, bar)
+        if tune.get("best"):
+            st["kwargs"].update(tune["best"]["kwargs"])
+            st["padded_pages_per_sequence"] = tune["best"]["padded_pages_per_sequence"]
+            info.update(settings=st["kwargs"],
+                        padded_pages_per_sequence=st["padded_pages_per_sequence"])
+    r = attempt(None, st["kwargs"], {})
+    N = plan["num_blocks"]
+    if "error" in r and N != next_pow2(N):
+        # Retry once with the page pool padded to a power of two (Triton block shapes).
+        bar.total += 1
+        r2 = attempt(next_pow2(N), st["kwargs"], dict(pool_pages=next_pow2(N), first_error=r["error"]))
+        if "error" not in r2:
+            r = r2
+    if tune is not None:
+        r["tune"] = tune
+    return r
+
+
+def pallas_tune(cfg, args, fn, params, q, sets, st, scale, bar) -> dict:
+    """Small sweep over k_splits x pages_per_compute_block (quick timing, loop method)."""
+    out: dict[str, Any] = dict(trials=[])
+    kc, vc, bt, sl = sets[0]
+    pages = st["pages_per_sequence"]
+    quick = argparse.Namespace(**vars(args))
+    quick.reps = 3
+    best = None
+    for ks in (4, 8, 16, 32, 64):
+        for pp in (4, 8, 16):
+            s2 = pallas_settings(cfg, dict(args.pallas_opts, k_splits=ks, pages_per_compute_block=pp))
+            kw = s2["kwargs"]
+            if kw["k_splits"] != ks or kw["pages_per_compute_block"] != pp:
+                continue
+            if s2["padded_pages_per_sequence"] > 2 * pages:
+                continue
+            bar.set_description(f"{cfg.label}: pallas tune k_splits={ks} ppcb={pp}")
+            trial = dict(k_splits=ks, pages_per_compute_block=pp)
+            try:
+                kp, vp, btp = to_pallas_layout(kc, vc, bt, s2["padded_pages_per_sequence"])
+                step, _ = pallas_step(fn, params, kw, scale, False)
+                t = time_loop(step, q, [(kp, vp, btp, sl)], quick)
+                trial["us"] = t["median_s"] * 1e6
+                if best is None or trial["us"] < best["us"]:
+                    best = dict(us=trial["us"], kwargs=dict(kw),
+                                padded_pages_per_sequence=s2["padded_pages_per_sequence"])
+                del kp, vp, btp
+            except Exception as e:
+                trial["error"] = short_error(e, 160)
+            out["trials"].append(trial)
+    out["best"] = best
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------
+def goal_check(cfg: Config, r: dict, copy_tbps) -> str | None:
+    """Issue 4's bar for impl='auto': faster than the quoted FlashInfer figure; >= 90% of the
+    copy bandwidth when B*Hkv >= 256; >= 75% for B=1, L=32768."""
+    a = r["impls"].get("auto")
+    if not a or "us" not in a:
+        return None
+    parts = []
+    fi = (r.get("quoted") or {}).get("flashinfer")
+    if fi:
+        parts.append("beats FI*: " + ("yes" if a["us"] < fi[0] else "NO"))
+    need = None
+    if cfg.batch * cfg.num_kv_heads >= 256 and not cfg.ragged:
+        need = 0.90
+    elif cfg.batch == 1 and cfg.seq_len == 32768:
+        need = 0.75
+    if need is not None and a.get("frac_copy") is not None:
+        parts.append(f">={need:.0%} copy: " + ("yes" if a["frac_copy"] >= need else "NO"))
+    if not parts:
+        return None
+    return ("MET  " if all(p.endswith("yes") for p in parts) else "not met  ") + ", ".join(parts)
+
+
+def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
+    copy = meta["copy_bandwidth"].get("tbps")
+    method = meta["args"]["method"]
+    lines = []
+    hdr = (f"{'config':<24} {'impl':<10} {'us':>9} {'TB/s':>6} {'%copy':>6} {'xref':>6} "
+           f"{'xpallas':>7} {'xFI*':>6} {'max|err|':>9} {'rel err':>8} {'|d ref|':>8}  check")
+    if method == "both":
+        hdr = hdr.replace(f" {'TB/s':>6}", f" {'us(disp)':>9} {'TB/s':>6}")
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    for r in results:
+        imp = r["impls"]
+        t_ref = imp.get("reference", {}).get("us")
+        t_pal = imp.get("pallas", {}).get("us")
+        fi = (r.get("quoted") or {}).get("flashinfer")
+        first = True
+        for name in impl_order:
+            if name not in imp:
+                continue
+            x = imp[name]
+            cfg_col = r["label"] if first else ""
+            first = False
+            if "us" not in x:
+                err = x.get("error", "not run")
+                if "rel_l2_err" in x:
+                    err = f"(check {'ok' if x.get('ok') else 'MISMATCH'}) " + err
+                lines.append(f"{cfg_col:<24} {name:<10} ERROR {err[:150]}")
+                continue
+            us = x["us"]
+            ok = x.get("ok")
+            check = "ok" if ok else ("!!! MISMATCH !!!" if x.get("finite", True) else "!!! NaN/Inf !!!")
+            row = (f"{cfg_col:<24} {name:<10} {us:9.1f} ")
+            if method == "both":
+                row += f"{fmt(x.get('dispatch', {}).get('us'), '9.1f')} "
+            row += (f"{fmt_bw(x['tbps'])} {fmt(100 * x['frac_copy'] if x.get('frac_copy') else None, '5.1f', '-')}% "
+                    f"{fmt(t_ref / us if t_ref else None, '6.2f')} "
+                    f"{fmt(t_pal / us if t_pal else None, '7.2f')} "
+                    f"{fmt(fi[0] / us if fi else None, '6.2f')} "
+                    f"{fmt(x.get('max_abs_err'), '9.2e')} {fmt(x.get('rel_l2_err'), '8.1e')} "
+                    f"{fmt(x.get('max_abs_diff_vs_reference'), '8.1e')}  {check}")
+            lines.append(row)
+        lines.append("")
+    lines.append("xref / xpallas / xFI*: speed-up of the row over the jnp reference / Pallas GPU / "
+                 "FlashInfer* (time of the other / time of the row; > 1 = the row is faster).")
+    lines.append("max|err|, rel err = max |out - truth|, ||out - truth|| / ||truth|| against an independent "
+                 "float32 ground truth (flagged above " + ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
+                 + "); |d ref| = max |out - jnp reference output|.")
+    lines.append("")
+    # Summary, one row per config.
+    sh = (f"{'config':<24} {'kv MB':>8} {'auto us':>9} {'auto TB/s':>9} {'%copy':>6} {'best jax_paged':>20} "
+          f"{'pallas us':>9} {'ref us':>8} {'FlashInfer* us/TBps':>20}  goal(issue 4)")
+    lines.append(sh)
+    lines.append("-" * len(sh))
+    for r in results:
+        imp = r["impls"]
+        a = imp.get("auto", {})
+        cands = [(v["us"], k) for k, v in imp.items() if k not in ("reference", "pallas") and "us" in v]
+        best = min(cands) if cands else None
+        best_s = (f"{best[1]} {fmt_bw(r['kv_bytes'] / best[0] / 1e6, 0)} TB/s") if best else "-"
+        fi = (r.get("quoted") or {}).get("flashinfer")
+        fi_s = f"{fi[0]} / {fi[1]:.2f}" if fi else "-"
+        cfg = Config(**r["config"])
+        lines.append(
+            f"{r['label']:<24} {r['kv_bytes'] / 1e6:8.1f} {fmt(a.get('us'), '9.1f')} "
+            f"{fmt_bw(a.get('tbps'), 9)} {fmt(100 * a['frac_copy'] if a.get('frac_copy') else None, '5.1f')}% "
+            f"{best_s:>20} {fmt(imp.get('pallas', {}).get('us'), '9.1f')} "
+            f"{fmt(imp.get('reference', {}).get('us'), '8.1f')} {fi_s:>20}  {goal_check(cfg, r, copy) or '-'}")
+    lines.append("")
+    lines.append(f"* FlashInfer 0.6.17 decode: figures QUOTED from {QUOTED_SOURCE}.")
+    cb = meta["copy_bandwidth"]
+    lines.append(
+        f"copy bandwidth (this run): {fmt_bw(copy, 0)} TB/s "
+        f"[loop {fmt_bw(cb.get('loop', {}).get('tbps'), 0)}, dispatch {fmt_bw(cb.get('dispatch', {}).get('tbps'), 0)}; "
+        f"{cb.get('array_bytes', 0) / 2**30:.2f} GiB float32 y = x + 1, bytes read + written]")
+    lines.append(f"device: {meta['device']} | jax {meta['jax_version']} | {meta['date']} | "
+                 f"dtype {meta['args']['dtype']} | timing: {method}, median of {meta['args']['reps']}, "
+                 f"~{meta['args']['target_ms']} ms per sample (see JSON 'method')")
+    return "\n".join(lines)
+
+
+def make_plot(results, meta, impl_order, path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:
+        return f"matplotlib unavailable: {short_error(e)}"
+    labels = [r["label"] for r in results]
+    series = [n for n in impl_order if any("tbps" in r["impls"].get(n, {}) for r in results)]
+    has_fi = any((r.get("quoted") or {}).get("flashinfer") for r in results)
+    nbar = len(series) + (1 if has_fi else 0)
+    width = 0.8 / max(nbar, 1)
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * len(labels) + 3), 5.0))
+    xs = np.arange(len(labels))
+    colors = plt.get_cmap("tab10")
+    top = 0.0
+    for i, name in enumerate(series):
+        vals = [r["impls"].get(name, {}).get("tbps", np.nan) for r in results]
+        top = max([top] + [v for v in vals if v == v])
+        ax.bar(xs - 0.4 + width * (i + 0.5), vals, width, label=name,
+               color=colors(impl_order.index(name) % 10))   # fixed colour per impl
+    if has_fi:
+        vals = [((r.get("quoted") or {}).get("flashinfer") or (None, np.nan))[1] for r in results]
+        ax.bar(xs - 0.4 + width * (len(series) + 0.5), vals, width, label="FlashInfer (quoted, issue 4)",
+               color="none", edgecolor="black", hatch="//")
+        top = max([top] + [v for v in vals if v == v])
+    copy = meta["copy_bandwidth"].get("tbps")
+    if copy:
+        ax.axhline(copy, color="red", linestyle="--", linewidth=1.2,
+                   label=f"copy bandwidth {fmt_bw(copy, 0)} TB/s (this run)")
+    top = max(top, copy or 0.0)
+    if top > 0:
+        ax.set_ylim(0, top * 1.3)               # room for the legend above the bars
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("effective K/V bandwidth (TB/s)")
+    ax.set_title(f"paged attention decode, {meta['args']['dtype']} - {meta['device']} - jax {meta['jax_version']} "
+                 f"- {meta['date'][:10]}", fontsize=9)
+    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def _jsonable(o):
+    if isinstance(o, dict):
+        return {(str(k) if not isinstance(k, str) else k): _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(v) for v in o]
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        o = float(o)
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", action="append", default=[], metavar="[ragged:]B,Hq,Hkv,L[,D[,bs]]",
+                   help="extra configuration (repeatable); ragged: lengths uniform in [1, L]")
+    p.add_argument("--no-defaults", action="store_true", help="run only the --config ones")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny configs, few repeats: a smoke run (CPU or GPU)")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--impls", action="append", default=[],
+                   help="extra jax_paged impl names, comma-separated (auto, v1, v2 always run); "
+                        "'all' = every name in jax_paged.primitives.IMPLS")
+    p.add_argument("--no-pallas", action="store_true")
+    p.add_argument("--no-reference", action="store_true")
+    p.add_argument("--pallas-opt", action="append", default=[], metavar="KEY=INT",
+                   help="override a Pallas setting (block_h, pages_per_compute_block, k_splits, "
+                        "num_warps, num_stages)")
+    p.add_argument("--pallas-tune", action="store_true",
+                   help="also sweep Pallas k_splits x pages_per_compute_block per config, keep the best")
+    p.add_argument("--method", choices=["loop", "dispatch", "both"], default="loop")
+    p.add_argument("--reps", type=int, default=None, help="timed samples per measurement (median)")
+    p.add_argument("--target-ms", type=float, default=None, help="approximate length of one sample")
+    p.add_argument("--max-loop", type=int, default=4096, help="max calls per sample")
+    p.add_argument("--copy-gb", type=float, default=None, help="GiB of the copy-bandwidth array")
+    p.add_argument("--max-cache-gb", type=float, default=4.0,
+                   help="cap on cache bytes allocated per config (all sets, both layouts)")
+    p.add_argument("--rotate-mb", type=float, default=256.0,
+                   help="caches smaller than this are replicated into several rotated input sets")
+    p.add_argument("--max-sets", type=int, default=4)
+    p.add_argument("--partition-size", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="default benchmarks/results/<date>-<device>.json "
+                   "(with --quick: out/bench/<date>-<device>-quick.json)")
+    p.add_argument("--png", default=None, help="default: the JSON path with .png")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--verbose", "-v", action="store_true")
+    args = p.parse_args(argv)
+    on_gpu = jax.default_backend() == "gpu"
+    if args.reps is None:
+        args.reps = 5 if args.quick else 15
+    if args.target_ms is None:
+        args.target_ms = (5.0 if args.quick else 30.0)
+    if args.copy_gb is None:
+        args.copy_gb = 2.0 if (on_gpu and not args.quick) else (0.25 if on_gpu else 0.0625)
+    opts = {}
+    for item in args.pallas_opt:
+        k, _, v = item.partition("=")
+        if k not in PALLAS_DEFAULTS:
+            p.error(f"--pallas-opt {item!r}: key must be one of {sorted(PALLAS_DEFAULTS)}")
+        opts[k] = int(v)
+    args.pallas_opts = opts
+    args.dtype = jnp.dtype(DTYPES[args.dtype]).name
+    extra = []
+    for item in args.impls:
+        extra += [s.strip() for s in item.split(",") if s.strip()]
+    args.extra_impls = [e for e in dict.fromkeys(extra) if e not in ("auto", "v1", "v2", "reference")]
+    return p, args
+
+
+def main(argv=None) -> int:
+    p, args = parse_args(argv)
+    base = QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS
+    specs = ([] if args.no_defaults else list(base)) + list(args.config)
+    try:
+        configs = list(dict.fromkeys(parse_config(s, args.dtype) for s in specs))
+    except ValueError as e:
+        p.error(str(e))
+    if not configs:
+        p.error("no configurations (use --config or drop --no-defaults)")
+
+    try:
+        import jax_paged as jp
+    except Exception as e:
+        print(f"cannot import jax_paged: {short_error(e)}", file=sys.stderr)
+        return 1
+
+    dev = jax.devices()[0]
+    device_name = getattr(dev, "device_kind", str(dev))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    stem = f"{now:%Y-%m-%d}-{slug(device_name)}"
+    if args.json:
+        json_path = args.json
+    elif args.quick:   # smoke runs stay out of benchmarks/results (out/ is git-ignored)
+        json_path = os.path.join(REPO_ROOT, "out", "bench", stem + "-quick.json")
+    else:
+        json_path = os.path.join(REPO_ROOT, "benchmarks", "results", stem + ".json")
+    png_path = args.png or os.path.splitext(json_path)[0] + ".png"
+    if "all" in args.extra_impls:     # every impl the package declares
+        declared = list(getattr(getattr(jp, "primitives", None), "IMPLS", ()))
+        args.extra_impls = [n for n in dict.fromkeys(
+            [e for e in args.extra_impls if e != "all"] + declared)
+            if n not in ("auto", "v1", "v2", "reference")]
+    impls = ["auto", "v1", "v2"] + args.extra_impls
+    impl_order = impls + ["reference", "pallas"]
+
+    n_impl = len(impls) + (0 if args.no_reference else 1) + (0 if args.no_pallas else 1)
+    bar = progress_bar(1 + len(configs) * (n_impl + 1), disable=args.no_progress)
+    bar.set_description("copy bandwidth")
+    copy = measure_copy_bandwidth(args)
+    bar.update(1)
+
+    try:
+        import jaxlib
+        jaxlib_version = jaxlib.__version__
+    except Exception:  # pragma: no cover
+        jaxlib_version = None
+    meta = dict(
+        date=now.isoformat(timespec="seconds"), device=device_name, platform=jax.default_backend(),
+        devices=[str(d) for d in jax.devices()], jax_version=jax.__version__, jaxlib_version=jaxlib_version,
+        jax_paged_version=getattr(jp, "__version__", None),
+        jax_paged_file=getattr(jp, "__file__", None),
+        jax_paged_cuda_kernels=(jp.has_cuda_kernels() if hasattr(jp, "has_cuda_kernels") else None),
+        python=platform.python_version(),
+        copy_bandwidth=copy,
+        method={k: v for k, v in METHOD_TEXT.items() if args.method in (k, "both")},
+        bandwidth_definition=("effective TB/s = sum over sequences of seq_len * num_kv_heads * "
+                              "head_size * 2 (K and V) * itemsize, divided by the time per call"),
+        correctness=("each impl once per config against an independent float32 ground truth "
+                     "(gathered K/V, masked softmax, HIGHEST precision matmuls); tolerance on the "
+                     "relative L2 error: " + json.dumps(TOLERANCE)),
+        data=("q, K, V ~ N(0, 1) from jax.random (never zeros); block tables: a random permutation "
+              "of the physical blocks, padding entries random valid ids; caches under --rotate-mb "
+              "replicated into n_sets independent sets rotated inside each sample"),
+        pallas=("jax.experimental.pallas.ops.gpu.paged_attention.paged_attention(q * scale, k_pages, "
+                "v_pages, block_tables_padded, lengths, **settings); layouts converted once outside "
+                "timing; interpret=True when the backend is not a GPU"),
+        quoted_source=QUOTED_SOURCE, quoted_copy_tbps=QUOTED_COPY_TBPS,
+        args={k: v for k, v in vars(args).items()},
+        argv=sys.argv[1:] if argv is None else list(argv),
+    )
+
+    results = []
+    for cfg in configs:
+        try:
+            r = bench_config(cfg, args, jp, impls, copy.get("tbps"), bar)
+        except Exception as e:  # setup failed (e.g. out of memory)
+            r = dict(config=dataclasses.asdict(cfg), label=cfg.label, kv_bytes=0, impls={},
+                     error=short_error(e), traceback=traceback.format_exc(limit=6),
+                     quoted=QUOTED.get(cfg.quoted_key) if cfg.quoted_key else None)
+            for n in impl_order:
+                r["impls"][n] = dict(error="config setup failed: " + short_error(e))
+        results.append(r)
+        gc.collect()
+    bar.set_description("done")
+    bar.close()
+
+    # Failures: any jax_paged impl (reference included) that errored or mismatched.
+    failures = []
+    for r in results:
+        for name, x in r["impls"].items():
+            if name == "pallas":
+                continue
+            if "error" in x and not x["error"].startswith("skipped"):
+                failures.append(f"{r['label']} {name}: {x['error']}")
+            elif "ok" in x and not x["ok"]:
+                failures.append(f"{r['label']} {name}: MISMATCH rel err {x.get('rel_l2_err')} "
+                                f"max abs err {x.get('max_abs_err')}")
+    meta["failures"] = failures
+    for r in results:
+        cfg = Config(**r["config"])
+        r["goal_issue4"] = goal_check(cfg, r, copy.get("tbps"))
+
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as f:
+        json.dump(_jsonable(dict(meta=meta, results=results)), f, indent=1)
+    plot_err = make_plot(results, meta, impl_order, png_path)
+
+    print(f"JSON: {json_path}")
+    print(f"PNG:  {png_path}" if plot_err is None else f"PNG:  not written ({plot_err})")
+    pallas_errs = [(r["label"], r["impls"]["pallas"]["error"]) for r in results
+                   if "error" in r["impls"].get("pallas", {})]
+    for label, err in pallas_errs:
+        print(f"pallas failed on {label}: {err}")
+    ps = next((r["impls"]["pallas"] for r in results if "settings" in r["impls"].get("pallas", {})), None)
+    if ps:
+        print("pallas settings (per config; block-table columns padded from -> to):")
+        for r in results:
+            x = r["impls"].get("pallas", {})
+            if "settings" in x:
+                print(f"  {r['label']:<24} {json.dumps(x.get('call_kwargs', x.get('settings')))} "
+                      f"pages/seq {x.get('pages_per_sequence')}->{x.get('padded_pages_per_sequence')}"
+                      + (f" pool padded to {x['pool_pages']}" if "pool_pages" in x else ""))
+    print("method: " + " ".join(meta["method"].values()))
+    print()
+    if failures:
+        print("!" * 78)
+        print("!!! FAILURES (jax_paged implementation errors or mismatches against the ground truth):")
+        for fl in failures:
+            print("!!!   " + fl[:300])
+        print("!" * 78)
+        print()
+    print(build_tables(results, meta, impl_order))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# One command for the GPU machine, from the repository root:
+#
+#     bash scripts/gpu_check.sh
+#
+# Stages (each runs even when an earlier one failed; the exit status is non-zero
+# when any stage that ran failed):
+#   1. install   python3 -m pip install --no-build-isolation --no-deps -e .   (builds the CUDA module)
+#   2. env       GPU name (nvidia-smi), jax version, jax.devices(), nvcc, jax_paged CUDA kernels
+#   3. tests     python3 -m pytest -x -q tests   (GPU tests select themselves when a GPU is present)
+#   4. sanitizer compute-sanitizer --tool memcheck over scripts/sanitizer_case.py
+#   5. bench     benchmarks/bench_paged_attention.py (JSON + PNG)
+#   6. summary   printed last, also written to summary.txt
+#
+# Environment:
+#   OUT              where logs and results go (the device tool sets it; default ./out/gpu_check).
+#                    Files written there (7, flat): install.log tests.log sanitizer.log
+#                    bench.log bench.json bench.png summary.txt
+#   PYTHON           interpreter (default python3)
+#   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
+#   BENCH_ARGS       extra benchmark arguments, e.g. BENCH_ARGS="--config 16,40,8,4096 --reps 9"
+#   PYTEST_ARGS      default "-x -q"
+#   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":
+#                    XLA's own probing calls return CUDA errors by design; a failed launch
+#                    of ours surfaces as a Python exception and fails the case anyway)
+#   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT   seconds per stage
+#                    (defaults 420 / 300 / 240 / 420)
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+ROOT=$PWD
+PY=${PYTHON:-python3}
+OUTDIR=${OUT:-$ROOT/out/gpu_check}
+mkdir -p "$OUTDIR"
+SUMMARY=$OUTDIR/summary.txt
+export PYTHONUNBUFFERED=1
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 4)}
+
+STAGES=()
+declare -A RESULT DETAIL SECONDS_TAKEN
+FAILED=0
+
+now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+
+# run_stage NAME LOGFILE TIMEOUT_S CMD...  -> output to the terminal and LOGFILE
+run_stage() {
+  local name=$1 log=$2 tmo=$3
+  shift 3
+  STAGES+=("$name")
+  echo
+  echo "=== [$name] $(now): $*"
+  local t0=$SECONDS rc
+  timeout -k 15 "$tmo" "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  SECONDS_TAKEN[$name]=$((SECONDS - t0))
+  if [ "$rc" -eq 0 ]; then RESULT[$name]=ok; else RESULT[$name]="FAILED (exit $rc)"; FAILED=1; fi
+  [ "$rc" -eq 124 ] && RESULT[$name]="FAILED (timed out after ${tmo}s)"
+  echo "=== [$name] ${RESULT[$name]} in ${SECONDS_TAKEN[$name]}s"
+  return "$rc"
+}
+
+skip_stage() {
+  STAGES+=("$1"); RESULT[$1]="skipped ($2)"; SECONDS_TAKEN[$1]=0
+  echo; echo "=== [$1] skipped ($2)"
+}
+
+{
+  echo "gpu_check $(now)  repo $ROOT  commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+} | tee "$SUMMARY"
+
+# ---- 1. install ------------------------------------------------------------
+if [ "${SKIP_INSTALL:-0}" = 1 ]; then
+  skip_stage install SKIP_INSTALL=1
+else
+  # Quiet on the terminal (the CUDA build is long); full build log in install.log.
+  STAGES+=(install)
+  echo; echo "=== [install] $(now): $PY -m pip install --no-build-isolation --no-deps -e . -v"
+  t0=$SECONDS
+  timeout -k 15 "${INSTALL_TIMEOUT:-420}" "$PY" -m pip install --no-build-isolation --no-deps -e . -v \
+    > "$OUTDIR/install.log" 2>&1
+  rc=$?
+  SECONDS_TAKEN[install]=$((SECONDS - t0))
+  if [ "$rc" -eq 0 ]; then
+    RESULT[install]=ok
+    grep -E "jax_paged: (building|no CUDA)|XLA FFI headers" "$OUTDIR/install.log" | sed 's/^/  /' | head -5
+  else
+    RESULT[install]="FAILED (exit $rc)"; FAILED=1
+    [ "$rc" -eq 124 ] && RESULT[install]="FAILED (timed out)"
+    grep -nE "error|Error|ERROR" "$OUTDIR/install.log" | head -40
+    tail -n 40 "$OUTDIR/install.log"
+  fi
+  echo "=== [install] ${RESULT[install]} in ${SECONDS_TAKEN[install]}s (log: $OUTDIR/install.log)"
+fi
+
+# ---- 2. environment --------------------------------------------------------
+echo; echo "=== [env]"
+{
+  echo "gpu:      $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 | paste -sd';')"
+  echo "nvcc:     $(nvcc --version 2>/dev/null | tail -n 1 || echo 'not found')"
+  "$PY" - <<'EOF' 2>&1
+import platform
+try:
+    import jax, jaxlib
+    print(f"python:   {platform.python_version()}  jax {jax.__version__}  jaxlib {jaxlib.__version__}")
+    print(f"devices:  {jax.devices()}")
+except Exception as e:
+    print(f"jax:      FAILED {type(e).__name__}: {e}")
+try:
+    import jax_paged
+    print(f"jax_paged: {jax_paged.__file__}  cuda kernels: {jax_paged.has_cuda_kernels()}")
+except Exception as e:
+    print(f"jax_paged: import FAILED {type(e).__name__}: {e}")
+EOF
+} | tee -a "$SUMMARY"
+
+# ---- 3. tests --------------------------------------------------------------
+if [ "${SKIP_TESTS:-0}" = 1 ]; then
+  skip_stage tests SKIP_TESTS=1
+else
+  # shellcheck disable=SC2086
+  run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-300}" "$PY" -m pytest ${PYTEST_ARGS:--x -q} tests
+  DETAIL[tests]=$(grep -E "[0-9]+ (passed|failed|errors?|skipped)|no tests ran" "$OUTDIR/tests.log" | tail -n 1 | sed 's/=//g; s/^ *//')
+  [ -z "${DETAIL[tests]}" ] && DETAIL[tests]="no pytest summary line; last: $(tail -n 1 "$OUTDIR/tests.log" | cut -c1-100)"
+fi
+
+# ---- 4. compute-sanitizer memcheck -----------------------------------------
+find_sanitizer() {
+  command -v compute-sanitizer 2>/dev/null && return
+  local c
+  for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+           /usr/local/cuda-*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer/compute-sanitizer \
+           /opt/nvidia/compute-sanitizer/compute-sanitizer; do
+    [ -x "$c" ] && { echo "$c"; return; }
+  done
+  "$PY" - <<'EOF' 2>/dev/null   # pip's nvidia-cuda-sanitizer-api / cuda-toolkit wheels
+import glob, os, sys
+for p in sys.path:
+    for c in glob.glob(os.path.join(p, "nvidia", "**", "compute-sanitizer"), recursive=True):
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            print(c); raise SystemExit
+EOF
+}
+
+if [ "${SKIP_SANITIZER:-0}" = 1 ]; then
+  skip_stage sanitizer SKIP_SANITIZER=1
+else
+  SAN=$(find_sanitizer | head -n 1)
+  if [ -z "$SAN" ]; then
+    STAGES+=(sanitizer); RESULT[sanitizer]="FAILED (compute-sanitizer not found)"; FAILED=1
+    echo; echo "=== [sanitizer] compute-sanitizer not found" | tee "$OUTDIR/sanitizer.log"
+  else
+    # Platform allocator: every XLA buffer is its own cudaMalloc, so memcheck catches an
+    # access past a buffer's end; no preallocation; no CUDA graphs (plain launches); no
+    # autotuning (XLA's GEMM autotuner would run many kernels under the sanitizer).
+    # shellcheck disable=SC2086
+    XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0" \
+    run_stage sanitizer "$OUTDIR/sanitizer.log" "${SANITIZER_TIMEOUT:-240}" \
+      "$SAN" --tool memcheck --target-processes all --error-exitcode 3 --print-limit 100 \
+      ${SANITIZER_ARGS:---report-api-errors no} "$PY" scripts/sanitizer_case.py
+    n_err=$(grep -oE "ERROR SUMMARY: [0-9]+" "$OUTDIR/sanitizer.log" | awk '{s += $3} END {print s + 0}')
+    n_sum=$(grep -c "ERROR SUMMARY" "$OUTDIR/sanitizer.log")
+    case_line=$(grep -E "^sanitizer case:" "$OUTDIR/sanitizer.log" | tail -n 1)
+    DETAIL[sanitizer]="memcheck errors: $n_err (over $n_sum ERROR SUMMARY lines); ${case_line:-case output missing}"
+    if [ "$n_err" -gt 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED"; FAILED=1; fi
+    if [ "$n_sum" -eq 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED (no ERROR SUMMARY)"; FAILED=1; fi
+  fi
+fi
+
+# ---- 5. benchmark ----------------------------------------------------------
+if [ "${SKIP_BENCH:-0}" = 1 ]; then
+  skip_stage bench SKIP_BENCH=1
+else
+  # shellcheck disable=SC2086
+  run_stage bench "$OUTDIR/bench.log" "${BENCH_TIMEOUT:-420}" "$PY" -u benchmarks/bench_paged_attention.py \
+    --json "$OUTDIR/bench.json" --png "$OUTDIR/bench.png" ${BENCH_ARGS:-}
+  DETAIL[bench]="json: $( [ -f "$OUTDIR/bench.json" ] && echo "$OUTDIR/bench.json" || echo missing ); png: $( [ -f "$OUTDIR/bench.png" ] && echo "$OUTDIR/bench.png" || echo missing ); log: $OUTDIR/bench.log"
+fi
+
+# ---- 6. summary ------------------------------------------------------------
+{
+  echo
+  echo "================================ SUMMARY ================================"
+  for s in "${STAGES[@]}"; do
+    printf '%-10s %-34s %5ss  %s\n' "$s" "${RESULT[$s]}" "${SECONDS_TAKEN[$s]:-0}" "${DETAIL[$s]:-}"
+  done
+  if [ -f "$OUTDIR/bench.log" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
+    echo
+    echo "benchmark summary (full table in bench.log):"
+    awk '/kv MB +auto us/ {p = 1} p' "$OUTDIR/bench.log"
+    grep -E "^!!! " "$OUTDIR/bench.log" | head -20
+  fi
+  echo
+  echo "logs and results: $OUTDIR"
+  if [ "$FAILED" -eq 0 ]; then echo "gpu_check: ALL STAGES OK"; else echo "gpu_check: SOME STAGES FAILED"; fi
+} | tee -a "$SUMMARY"
+exit "$FAILED"

@@ -1,0 +1,222 @@
+// XLA FFI handlers for the CUDA kernels: unpack + check (common.h), dispatch
+// on dtype (DispatchScalar), head size and block size (cuda_dispatch.cuh),
+// launch on XLA's stream. No allocation and no host synchronisation here, so
+// the handlers are CUDA-graph (command buffer) compatible: the V2 workspace
+// comes in as extra results.
+//
+// This TU compiles no attention kernel: the launchers are only declared
+// (kernels/launch.h) and explicitly instantiated in cuda_attn_*.cu and
+// cuda_cache_ops.cu.
+#include <cuda_runtime.h>
+
+// The XLA FFI headers trip a few harmless nvcc/gcc warnings (missing return
+// after an exhaustive switch, always_inline on templates); keep them quiet so
+// that our own warnings stand out.
+#pragma nv_diag_suppress 940
+#pragma nv_diag_suppress 2473
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wreturn-type"
+#include "xla/ffi/api/ffi.h"
+#pragma GCC diagnostic pop
+#pragma nv_diag_default 940
+#pragma nv_diag_default 2473
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "../kernels/dtypes.cuh"
+#include "../kernels/launch.h"
+#include "common.h"
+#include "cuda_dispatch.cuh"
+#include "handlers.h"
+
+namespace jax_paged {
+namespace {
+
+using cuda::CudaScalarT;
+
+ffi::Error CudaError(const char* op, cudaError_t err) {
+  return ffi::Error::Internal(std::string("jax_paged: CUDA error in ") + op + ": " +
+                              cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+ffi::Error RunPagedAttention(cudaStream_t stream, PagedAttentionParams& p, ScalarKind kind,
+                             bool v2) {
+  const char* op = v2 ? "paged_attention_v2" : "paged_attention_v1";
+  if (!cuda::IsSupportedHeadSize(p.head_size)) return cuda::UnsupportedHeadSize(p.head_size);
+  if (!cuda::IsSupportedBlockSize(p.block_size)) return cuda::UnsupportedBlockSize(p.block_size);
+  if (p.num_seqs == 0 || p.num_heads == 0) return ffi::Error::Success();  // nothing to write
+  // 16-byte vector loads; XLA buffers are at least 16-byte aligned.
+  if (!Aligned16(p.query) || !Aligned16(p.key_cache) || !Aligned16(p.value_cache) ||
+      !Aligned16(p.out))
+    return ArgError(std::string(op) + ": query, caches and out must be 16-byte aligned");
+  const int64_t capacity = int64_t{p.max_blocks_per_seq} * p.block_size;
+  if (capacity > INT_MAX)
+    return ArgError(std::string(op) + ": max_blocks_per_seq * block_size overflows int32");
+  if (v2 && p.max_num_partitions > cuda::kMaxGridYZ)
+    return ArgError("paged_attention_v2: " + std::to_string(p.max_num_partitions) +
+                    " partitions exceed the CUDA grid limit of " +
+                    std::to_string(cuda::kMaxGridYZ) + "; use a larger partition_size");
+
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return CudaError(op, err);
+  const int64_t logit_slots = v2 ? p.partition_size : capacity;
+  const size_t smem = cuda::PagedAttentionSmemBytes(p.head_size, logit_slots);
+  const int optin = cuda::MaxSharedMemoryOptin(device);
+  if (optin > 0 && smem > static_cast<size_t>(optin)) {
+    if (v2)
+      return ArgError("paged_attention_v2: partition_size " + std::to_string(p.partition_size) +
+                      " needs " + std::to_string(smem) +
+                      " bytes of shared memory per block, more than this GPU's " +
+                      std::to_string(optin) + "; use a smaller partition_size (e.g. 512)");
+    return ArgError("paged_attention_v1: a block table of " +
+                    std::to_string(p.max_blocks_per_seq) + " blocks x " +
+                    std::to_string(p.block_size) + " tokens needs " + std::to_string(smem) +
+                    " bytes of shared memory per block for the logits, more than this "
+                    "GPU's " + std::to_string(optin) + "; use impl=\"v2\" for long contexts");
+  }
+
+  return DispatchScalar(kind, [&](auto tag) {
+    using T = CudaScalarT<decltype(tag)::value>;
+    return cuda::DispatchHeadSize(p.head_size, [&](auto head) {
+      return cuda::DispatchBlockSize(p.block_size, [&](auto block) {
+        const cudaError_t err =
+            cuda::LaunchPagedAttention<T, decltype(head)::value, decltype(block)::value>(
+                p, v2, smem, device, stream);
+        return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, err);
+      });
+    });
+  });
+}
+
+ffi::Error PagedAttentionV1Cuda(cudaStream_t stream, ffi::AnyBuffer query,
+                                ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
+                                ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
+                                ffi::AnyBuffer alibi, float scale,
+                                ffi::Result<ffi::AnyBuffer> out) {
+  PagedAttentionParams p;
+  ScalarKind kind = ScalarKind::kF32;
+  if (auto err = UnpackPagedAttention(query, key_cache, value_cache, block_tables, seq_lens,
+                                      alibi, *out, &p, &kind);
+      err.failure())
+    return err;
+  p.scale = scale;
+  return RunPagedAttention(stream, p, kind, /*v2=*/false);
+}
+
+ffi::Error PagedAttentionV2Cuda(cudaStream_t stream, ffi::AnyBuffer query,
+                                ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
+                                ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
+                                ffi::AnyBuffer alibi, float scale, int64_t partition_size,
+                                ffi::Result<ffi::AnyBuffer> out,
+                                ffi::Result<ffi::AnyBuffer> exp_sums,
+                                ffi::Result<ffi::AnyBuffer> max_logits,
+                                ffi::Result<ffi::AnyBuffer> tmp_out) {
+  PagedAttentionParams p;
+  ScalarKind kind = ScalarKind::kF32;
+  if (auto err = UnpackPagedAttention(query, key_cache, value_cache, block_tables, seq_lens,
+                                      alibi, *out, &p, &kind);
+      err.failure())
+    return err;
+  if (auto err = UnpackPartitions(partition_size, *exp_sums, *max_logits, *tmp_out, &p);
+      err.failure())
+    return err;
+  p.scale = scale;
+  return RunPagedAttention(stream, p, kind, /*v2=*/true);
+}
+
+ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::AnyBuffer value,
+                               ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
+                               ffi::AnyBuffer slot_mapping,
+                               ffi::Result<ffi::AnyBuffer> key_cache_out,
+                               ffi::Result<ffi::AnyBuffer> value_cache_out) {
+  ReshapeAndCacheParams p;
+  ScalarKind kind = ScalarKind::kF32;
+  if (auto err = UnpackReshapeAndCache(key, value, key_cache, value_cache, slot_mapping,
+                                       key_cache_out, value_cache_out, &p, &kind);
+      err.failure())
+    return err;
+  if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0 || p.num_blocks == 0)
+    return ffi::Error::Success();  // nothing to write (or nowhere to write it)
+  if (!Aligned16(p.key) || !Aligned16(p.key_cache))
+    return ArgError("reshape_and_cache: key and key_cache must be 16-byte aligned");
+  return DispatchScalar(kind, [&](auto tag) {
+    const cudaError_t err =
+        cuda::LaunchReshapeAndCache<CudaScalarT<decltype(tag)::value>>(p, stream);
+    return err == cudaSuccess ? ffi::Error::Success() : CudaError("reshape_and_cache", err);
+  });
+}
+
+ffi::Error CopyBlocksCuda(cudaStream_t stream, ffi::AnyBuffer key_cache,
+                          ffi::AnyBuffer value_cache, ffi::AnyBuffer block_mapping,
+                          ffi::Result<ffi::AnyBuffer> key_cache_out,
+                          ffi::Result<ffi::AnyBuffer> value_cache_out) {
+  CopyBlocksParams p;
+  ScalarKind kind = ScalarKind::kF32;
+  if (auto err = UnpackCopyBlocks(key_cache, value_cache, block_mapping, key_cache_out,
+                                  value_cache_out, &p, &kind);
+      err.failure())
+    return err;
+  if (p.num_pairs == 0 || p.block_elems == 0) return ffi::Error::Success();
+  // Copying is dtype-agnostic: only the element size matters.
+  const cudaError_t err = cuda::LaunchCopyBlocks(p, ElemSize(kind), stream);
+  return err == cudaSuccess ? ffi::Error::Success() : CudaError("copy_blocks", err);
+}
+
+}  // namespace
+}  // namespace jax_paged
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV1Cuda, jax_paged::PagedAttentionV1Cuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // query
+                                  .Arg<xla::ffi::AnyBuffer>()  // key_cache
+                                  .Arg<xla::ffi::AnyBuffer>()  // value_cache
+                                  .Arg<xla::ffi::AnyBuffer>()  // block_tables
+                                  .Arg<xla::ffi::AnyBuffer>()  // seq_lens
+                                  .Arg<xla::ffi::AnyBuffer>()  // alibi_slopes
+                                  .Attr<float>("scale")
+                                  .Ret<xla::ffi::AnyBuffer>(),  // out
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV2Cuda, jax_paged::PagedAttentionV2Cuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // query
+                                  .Arg<xla::ffi::AnyBuffer>()  // key_cache
+                                  .Arg<xla::ffi::AnyBuffer>()  // value_cache
+                                  .Arg<xla::ffi::AnyBuffer>()  // block_tables
+                                  .Arg<xla::ffi::AnyBuffer>()  // seq_lens
+                                  .Arg<xla::ffi::AnyBuffer>()  // alibi_slopes
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("partition_size")
+                                  .Ret<xla::ffi::AnyBuffer>()   // out
+                                  .Ret<xla::ffi::AnyBuffer>()   // exp_sums
+                                  .Ret<xla::ffi::AnyBuffer>()   // max_logits
+                                  .Ret<xla::ffi::AnyBuffer>(),  // tmp_out
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedReshapeAndCacheCuda, jax_paged::ReshapeAndCacheCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // key
+                                  .Arg<xla::ffi::AnyBuffer>()  // value
+                                  .Arg<xla::ffi::AnyBuffer>()  // key_cache
+                                  .Arg<xla::ffi::AnyBuffer>()  // value_cache
+                                  .Arg<xla::ffi::AnyBuffer>()  // slot_mapping
+                                  .Ret<xla::ffi::AnyBuffer>()   // key_cache (aliased)
+                                  .Ret<xla::ffi::AnyBuffer>(),  // value_cache (aliased)
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedCopyBlocksCuda, jax_paged::CopyBlocksCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // key_cache
+                                  .Arg<xla::ffi::AnyBuffer>()  // value_cache
+                                  .Arg<xla::ffi::AnyBuffer>()  // block_mapping
+                                  .Ret<xla::ffi::AnyBuffer>()   // key_cache (aliased)
+                                  .Ret<xla::ffi::AnyBuffer>(),  // value_cache (aliased)
+                              {xla::ffi::Traits::kCmdBufferCompatible});

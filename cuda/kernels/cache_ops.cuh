@@ -1,0 +1,103 @@
+// Paged-cache write (reshape_and_cache) and block copy (copy_blocks) kernels.
+// Framework-free.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dtypes.cuh"
+#include "launch.h"
+#include "params.h"
+
+namespace jax_paged {
+namespace cuda {
+
+constexpr int kCacheThreads = 256;
+
+// One CTA per token. key/value [num_tokens, num_kv_heads, head_size] go to
+// slot = slot_mapping[token] (block = slot / B, offset = slot % B):
+//   key_cache   [num_blocks, num_kv_heads, head_size / x, B, x]: each x-chunk
+//               (16 bytes) is contiguous in both source and cache -> one
+//               16-byte copy per chunk;
+//   value_cache [num_blocks, num_kv_heads, head_size, B]: element-wise.
+// Slots < 0 or >= num_blocks * B are skipped (computed in int64).
+template <typename T>
+__global__ void __launch_bounds__(kCacheThreads)
+    ReshapeAndCacheKernel(const ReshapeAndCacheParams p) {
+  constexpr int X = 16 / static_cast<int>(sizeof(T));
+  const int64_t token = blockIdx.x;
+  const int64_t slot = p.slot_mapping[token];
+  const int64_t B = p.block_size;
+  if (slot < 0 || slot >= p.num_blocks * B) return;
+  const int64_t block = slot / B;
+  const int64_t offset = slot % B;
+  const int H = p.num_kv_heads;
+  const int D = p.head_size;
+  const int chunks_per_head = D / X;  // D % X == 0 (checked by the FFI layer)
+  const int64_t row_elems = static_cast<int64_t>(H) * D;
+
+  const T* key = static_cast<const T*>(p.key) + token * row_elems;
+  T* key_cache = static_cast<T*>(p.key_cache);
+  for (int c = threadIdx.x; c < H * chunks_per_head; c += kCacheThreads) {
+    const int h = c / chunks_per_head;
+    const int cx = c % chunks_per_head;
+    const int64_t dst = (((block * H + h) * chunks_per_head + cx) * B + offset) * X;
+    *reinterpret_cast<uint4*>(key_cache + dst) =
+        *reinterpret_cast<const uint4*>(key + static_cast<int64_t>(c) * X);
+  }
+
+  const T* value = static_cast<const T*>(p.value) + token * row_elems;
+  T* value_cache = static_cast<T*>(p.value_cache);
+  for (int i = threadIdx.x; i < H * D; i += kCacheThreads) {
+    const int h = i / D;
+    const int d = i % D;
+    value_cache[((block * H + h) * D + d) * B + offset] = value[i];
+  }
+}
+
+template <typename T>
+cudaError_t LaunchReshapeAndCache(const ReshapeAndCacheParams& p, cudaStream_t stream) {
+  ReshapeAndCacheKernel<T><<<p.num_tokens, kCacheThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// grid (num_pairs, 2): blockIdx.y selects the key (0) or value (1) cache.
+// Copies the `units` units of type U of block src over block dst. Pairs with
+// src or dst outside [0, num_blocks) are skipped; src == dst is a no-op.
+template <typename U>
+__global__ void __launch_bounds__(kCacheThreads)
+    CopyBlocksKernel(void* key_cache, void* value_cache, const int32_t* block_mapping,
+                     int64_t num_blocks, int64_t units_per_block) {
+  const int64_t pair = blockIdx.x;
+  const int64_t src = block_mapping[2 * pair];
+  const int64_t dst = block_mapping[2 * pair + 1];
+  if (src < 0 || src >= num_blocks || dst < 0 || dst >= num_blocks || src == dst) return;
+  U* cache = static_cast<U*>(blockIdx.y == 0 ? key_cache : value_cache);
+  const U* from = cache + src * units_per_block;
+  U* to = cache + dst * units_per_block;
+  for (int64_t i = threadIdx.x; i < units_per_block; i += kCacheThreads) to[i] = from[i];
+}
+
+// Not inline (declared in launch.h): include this header in exactly one
+// translation unit (cuda/ffi/cuda_cache_ops.cu).
+cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, int elem_size, cudaStream_t stream) {
+  const int64_t bytes = p.block_elems * elem_size;
+  const bool vec16 = bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.key_cache) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(p.value_cache) % 16 == 0;
+  const dim3 grid(p.num_pairs, 2);
+  if (vec16) {
+    CopyBlocksKernel<uint4><<<grid, kCacheThreads, 0, stream>>>(
+        p.key_cache, p.value_cache, p.block_mapping, p.num_blocks, bytes / 16);
+  } else if (elem_size == 4) {
+    CopyBlocksKernel<unsigned int><<<grid, kCacheThreads, 0, stream>>>(
+        p.key_cache, p.value_cache, p.block_mapping, p.num_blocks, bytes / 4);
+  } else {
+    CopyBlocksKernel<unsigned short><<<grid, kCacheThreads, 0, stream>>>(
+        p.key_cache, p.value_cache, p.block_mapping, p.num_blocks, bytes / 2);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace jax_paged

@@ -1,0 +1,86 @@
+// Host-side declarations of the CUDA launchers, the supported compile-time
+// sizes, and the shared-memory arithmetic. Framework-free.
+//
+// The launcher templates are DECLARED here and DEFINED in
+// paged_attention.cuh / cache_ops.cuh; every (dtype, head size, block size)
+// combination is explicitly instantiated in one of the cuda/ffi/cuda_attn_*.cu
+// translation units, so that the handler TU compiles no kernels and the
+// expensive kernel instantiations build in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "params.h"
+
+// ---- the supported compile-time sizes (the ONE list) ----------------------
+// Head sizes are split in two halves only to spread the instantiations over
+// translation units; the supported set is their union.
+// Each list calls X(ARGS..., size) per size, ARGS being the extra arguments.
+#define JAX_PAGED_HEAD_SIZES_A(X, ...) \
+  X(__VA_ARGS__, 64) X(__VA_ARGS__, 80) X(__VA_ARGS__, 96) X(__VA_ARGS__, 112)
+#define JAX_PAGED_HEAD_SIZES_B(X, ...) \
+  X(__VA_ARGS__, 120) X(__VA_ARGS__, 128) X(__VA_ARGS__, 192) X(__VA_ARGS__, 256)
+#define JAX_PAGED_HEAD_SIZES(X, ...) \
+  JAX_PAGED_HEAD_SIZES_A(X, __VA_ARGS__) JAX_PAGED_HEAD_SIZES_B(X, __VA_ARGS__)
+#define JAX_PAGED_BLOCK_SIZES(X, ...) X(__VA_ARGS__, 8) X(__VA_ARGS__, 16) X(__VA_ARGS__, 32)
+
+namespace jax_paged {
+namespace cuda {
+
+constexpr int kAttnThreads = 128;  // 4 warps per CTA, as in the seed
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kMaxGridYZ = 65535;  // CUDA limit on gridDim.y / gridDim.z
+
+// Dynamic shared memory of one attention CTA (the kernel has no static
+// shared memory): fp32 query [head_size] | reduction scratch [2 * warps] |
+// fp32 logits [logit_slots], the logits region also holding the cross-warp
+// output reduction [warps * head_size] after the softmax.
+// logit_slots: V1 max_blocks_per_seq * block_size, V2 partition_size.
+inline size_t PagedAttentionSmemBytes(int head_size, int64_t logit_slots) {
+  const int64_t out_reduce = int64_t{kAttnWarps} * head_size;
+  const int64_t slots = logit_slots > out_reduce ? logit_slots : out_reduce;
+  return static_cast<size_t>(head_size + 2 * kAttnWarps + slots) * sizeof(float);
+}
+
+constexpr int kMaxDevices = 64;
+
+// cudaDevAttrMaxSharedMemoryPerBlockOptin of `device`, queried once per
+// device and cached (0 if the query fails).
+inline int MaxSharedMemoryOptin(int device) {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  if (device >= 0 && device < kMaxDevices) {
+    const int cached = cache[device].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();  // clear the non-sticky error
+    return 0;
+  }
+  if (device >= 0 && device < kMaxDevices) cache[device].store(value, std::memory_order_relaxed);
+  return value;
+}
+
+// V1 (v2 == false): grid (num_heads, num_seqs), writes p.out.
+// V2 (v2 == true): grid (num_heads, num_seqs, max_num_partitions) writing the
+// workspace, then the reduce kernel, grid (num_heads, num_seqs), writing p.out.
+// `smem_bytes` = PagedAttentionSmemBytes(...), already checked against the
+// device's opt-in limit; `device` is the current device. Returns the launch
+// status (cudaGetLastError()).
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t smem_bytes,
+                                 int device, cudaStream_t stream);
+
+template <typename T>
+cudaError_t LaunchReshapeAndCache(const ReshapeAndCacheParams& p, cudaStream_t stream);
+
+// elem_size: bytes of one cache element (2 or 4).
+cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, int elem_size, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace jax_paged

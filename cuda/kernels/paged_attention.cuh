@@ -1,0 +1,394 @@
+// PagedAttention V1 / V2 decode kernels and the V2 reduce kernel, after the
+// classic vLLM v0.6.0 design (see /work/shared/seed/BRIEF.md). Framework-free.
+//
+// Semantics (the contract shared with the CPU kernels and the Python
+// reference), per sequence s and query head h:
+//   L      = EffectiveSeqLen(seq_lens[s], max_blocks_per_seq, block_size)
+//   kvh    = h / (num_heads / num_kv_heads)
+//   l_t    = scale * q.k_t + (alibi ? slope[h] * (t - (L - 1)) : 0)
+//   masked = t >= L, or the token's physical block id is outside
+//            [0, num_blocks): excluded from max and sum, K/V never read.
+//            Table entries of logical blocks >= ceil(L / block_size) are never
+//            read at all.
+//   p_t    = exp(l_t - max) / (sum + 1e-6);  out = sum_t p_t v_t
+//   L == 0 or everything masked -> zeros.
+// V2 partition p (tokens [p * ps, min((p + 1) * ps, L))):
+//   m_p = max l_t (-FLT_MAX if none valid), s_p = sum exp(l_t - m_p),
+//   tmp_out_p = sum_t exp(l_t - m_p) v_t / (s_p + 1e-6).
+//   Partitions starting at or past L write m_p = -FLT_MAX, s_p = 0,
+//   tmp_out_p = 0 and exit; the reduce never reads them anyway.
+// Reduce: M = max_p m_p, w_p = s_p exp(m_p - M),
+//   out = sum_p tmp_out_p w_p / (sum_p w_p + 1e-6), over the ceil(L / ps)
+//   partitions that exist (zeros for L == 0).
+//
+// V1 and V2 are one kernel template with a run-time `v2` flag (V1 = a single
+// partition covering the whole table, output written directly): the only
+// differences are the token range and where the result goes, and it halves
+// the number of instantiations (build time). The reduce kernel is templated
+// on the dtype only (head size at run time).
+//
+// Shared memory (all dynamic, PagedAttentionSmemBytes): fp32 query, 8 floats
+// of reduction scratch, fp32 logits: V1 max_blocks_per_seq * block_size
+// slots, V2 partition_size slots, at least 4 * head_size (reused for the
+// cross-warp output reduction).
+//
+// Thread mapping (128 threads = 4 warps per CTA):
+// * QK: THREAD_GROUP_SIZE G = 32 / BLOCK_SIZE lanes per token, so one warp
+//   covers one KV block per iteration; warps take logical blocks round-robin.
+//   Each lane of a group loads VEC = x / G elements per x-chunk of the key
+//   (the group together reads one 16-byte chunk; the warp reads
+//   BLOCK_SIZE * 16 contiguous bytes), so head_size / x chunks per lane:
+//   integral for every supported head size (head_size % 8 == 0, x <= 8), no
+//   remainder. The partial dot is reduced inside the group by shuffles.
+// * PV: V_VEC = x consecutive tokens (16 bytes) per load; BLOCK_SIZE / V_VEC
+//   lanes per V row, 32 / (BLOCK_SIZE / V_VEC) rows per warp per step;
+//   head_size need not be a multiple of that (rows >= head_size are
+//   predicated off).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cstdint>
+
+#include "dtypes.cuh"
+#include "launch.h"
+#include "params.h"
+
+namespace jax_paged {
+namespace cuda {
+
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+struct AttnConfig {
+  static constexpr int kX = 16 / static_cast<int>(sizeof(T));  // K-layout x
+  static_assert(BLOCK_SIZE >= kX && BLOCK_SIZE <= 32 && 32 % BLOCK_SIZE == 0,
+                "block size must divide 32 and hold a 16-byte V vector");
+  static_assert(HEAD_SIZE % kX == 0, "head size must be a multiple of x");
+  // QK stage.
+  static constexpr int kGroup = 32 / BLOCK_SIZE;  // THREAD_GROUP_SIZE
+  static constexpr int kVec = kX / kGroup;        // elements per lane per chunk
+  static_assert(kVec >= 1 && kVec * kGroup == kX, "group must split a 16-byte chunk");
+  static constexpr int kChunks = HEAD_SIZE / kX;  // x-chunks of one key
+  // PV stage.
+  static constexpr int kVVec = kX;  // min(16 / sizeof(T), BLOCK_SIZE)
+  static constexpr int kVecsPerRow = BLOCK_SIZE / kVVec;
+  static constexpr int kRowsPerIter = 32 / kVecsPerRow;
+  static constexpr int kRowsPerThread = (HEAD_SIZE + kRowsPerIter - 1) / kRowsPerIter;
+};
+
+// One CTA per (query head, sequence[, partition]).
+//   v2 == false: one partition covering the whole sequence, writes p.out.
+//   v2 == true:  partition blockIdx.z of `part_tokens` tokens, writes
+//                p.max_logits / p.exp_sums / p.tmp_out.
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+__global__ void __launch_bounds__(kAttnThreads)
+    PagedAttentionKernel(const PagedAttentionParams p, const int seq_base, const int part_tokens,
+                         const bool v2) {
+  using Cfg = AttnConfig<T, HEAD_SIZE, BLOCK_SIZE>;
+  constexpr int X = Cfg::kX;
+  constexpr int G = Cfg::kGroup;
+  constexpr int VEC = Cfg::kVec;
+
+  const int head = blockIdx.x;
+  const int seq = seq_base + static_cast<int>(blockIdx.y);
+  const int part = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BLOCK_SIZE);
+  const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;  // (seq, head)
+  const int64_t part_row = row * p.max_num_partitions + part;          // V2 workspace row
+
+  if (v2 && static_cast<int64_t>(part) * part_tokens >= L) {
+    // Nothing to attend to in this partition: leave a well-defined (empty)
+    // partial result and exit. The reduce does not read it.
+    if (tid == 0) {
+      p.max_logits[part_row] = -FLT_MAX;
+      p.exp_sums[part_row] = 0.0f;
+    }
+    for (int d = tid; d < HEAD_SIZE; d += kAttnThreads) p.tmp_out[part_row * HEAD_SIZE + d] = 0.0f;
+    return;
+  }
+
+  const int num_seq_blocks = L / BLOCK_SIZE + (L % BLOCK_SIZE != 0);  // ceil, no overflow
+  int start_blk = 0, end_blk = num_seq_blocks;
+  if (v2) {
+    const int blocks_per_part = part_tokens / BLOCK_SIZE;
+    start_blk = part * blocks_per_part;
+    end_blk = min(start_blk + blocks_per_part, num_seq_blocks);
+  }
+  const int start_tok = start_blk * BLOCK_SIZE;
+  const int num_slots = (end_blk - start_blk) * BLOCK_SIZE;  // logits used
+
+  const int kv_head = head / (p.num_heads / p.num_kv_heads);
+  const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[head] : 0.0f;
+
+  // Shared memory (all dynamic, see PagedAttentionSmemBytes).
+  extern __shared__ float4 smem_f4[];
+  float* q_smem = reinterpret_cast<float*>(smem_f4);  // [HEAD_SIZE]
+  float* red_smem = q_smem + HEAD_SIZE;               // [2 * kAttnWarps]
+  float* logits = red_smem + 2 * kAttnWarps;          // [max(slots, warps * HEAD_SIZE)]
+
+  // Stage the query once, in fp32.
+  {
+    const T* q_ptr = static_cast<const T*>(p.query) + row * HEAD_SIZE;
+    static_assert(Cfg::kChunks <= kAttnThreads, "one 16-byte query chunk per thread");
+    if (tid < Cfg::kChunks) {
+      float q[X];
+      LoadToFloat<T, X>(q_ptr + tid * X, q);
+      StoreFloats<X>(q_smem + tid * X, q);
+    }
+  }
+  __syncthreads();
+
+  const int32_t* block_table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int64_t kv_block_stride = static_cast<int64_t>(p.num_kv_heads) * HEAD_SIZE * BLOCK_SIZE;
+  const int64_t kv_head_offset = static_cast<int64_t>(kv_head) * HEAD_SIZE * BLOCK_SIZE;
+
+  // ---- QK: logits of this partition, and their max ------------------------
+  const int tok_in_blk = lane / G;  // this lane's token within the block
+  const int group_lane = lane % G;  // this lane's slice of each x-chunk
+  float qk_max = -FLT_MAX;
+  for (int blk = start_blk + warp; blk < end_blk; blk += kAttnWarps) {
+    const int64_t phys = static_cast<int64_t>(block_table[blk]);
+    const bool valid = phys >= 0 && phys < p.num_blocks;  // warp-uniform
+    const int t = blk * BLOCK_SIZE + tok_in_blk;
+    float qk = -INFINITY;  // masked tokens: exp(-inf - max) == 0 exactly
+    if (valid) {
+      const T* k_ptr = static_cast<const T*>(p.key_cache) + phys * kv_block_stride +
+                       kv_head_offset + tok_in_blk * X + group_lane * VEC;
+      const float* q_ptr = q_smem + group_lane * VEC;
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < Cfg::kChunks; ++j) {
+        float k[VEC], q[VEC];
+        LoadToFloat<T, VEC>(k_ptr + j * BLOCK_SIZE * X, k);
+        LoadFloats<VEC>(q_ptr + j * X, q);
+        dot = DotAcc<VEC>(q, k, dot);
+      }
+      dot = WarpSum<G>(dot);  // reduce inside the thread group
+      if (t < L) {
+        qk = p.scale * dot + slope * static_cast<float>(t - (L - 1));
+        qk_max = fmaxf(qk_max, qk);
+      }
+    }
+    if (group_lane == 0) logits[t - start_tok] = qk;
+  }
+
+  // Block-wide max: warp shuffles, then across warps.
+  qk_max = WarpMax<32>(qk_max);
+  if (lane == 0) red_smem[warp] = qk_max;
+  __syncthreads();
+  qk_max = red_smem[0];
+#pragma unroll
+  for (int w = 1; w < kAttnWarps; ++w) qk_max = fmaxf(qk_max, red_smem[w]);
+
+  // exp(l - max) over every slot of the partition's blocks (masked slots hold
+  // -inf and become exactly 0, so the PV stage may read whole blocks), and
+  // the block-wide sum.
+  float exp_sum = 0.0f;
+  for (int i = tid; i < num_slots; i += kAttnThreads) {
+    const float e = expf(logits[i] - qk_max);
+    logits[i] = e;
+    exp_sum += e;
+  }
+  exp_sum = WarpSum<32>(exp_sum);
+  if (lane == 0) red_smem[kAttnWarps + warp] = exp_sum;
+  __syncthreads();  // also publishes the exp'd logits to every warp
+  exp_sum = red_smem[kAttnWarps];
+#pragma unroll
+  for (int w = 1; w < kAttnWarps; ++w) exp_sum += red_smem[kAttnWarps + w];
+  const float inv_sum = 1.0f / (exp_sum + 1e-6f);
+
+  if (v2 && tid == 0) {
+    p.max_logits[part_row] = qk_max;
+    p.exp_sums[part_row] = exp_sum;
+  }
+
+  // ---- PV: out = sum_t e_t v_t (normalised at the end) --------------------
+  constexpr int V_VEC = Cfg::kVVec;
+  constexpr int NVPR = Cfg::kVecsPerRow;
+  constexpr int RPI = Cfg::kRowsPerIter;
+  constexpr int RPT = Cfg::kRowsPerThread;
+  float accs[RPT];
+#pragma unroll
+  for (int i = 0; i < RPT; ++i) accs[i] = 0.0f;
+
+  const int vec_off = (lane % NVPR) * V_VEC;  // first token of this lane's vector
+  const int row0 = lane / NVPR;
+  for (int blk = start_blk + warp; blk < end_blk; blk += kAttnWarps) {
+    const int64_t phys = static_cast<int64_t>(block_table[blk]);
+    if (phys < 0 || phys >= p.num_blocks) continue;  // masked block: V never read
+    const int t0 = blk * BLOCK_SIZE + vec_off;
+    float probs[V_VEC];
+    LoadFloats<V_VEC>(logits + (blk - start_blk) * BLOCK_SIZE + vec_off, probs);
+    const bool tail = blk == num_seq_blocks - 1;
+    const T* v_ptr = static_cast<const T*>(p.value_cache) + phys * kv_block_stride +
+                     kv_head_offset + vec_off;
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+      const int r = row0 + i * RPI;
+      if (RPT * RPI <= HEAD_SIZE || r < HEAD_SIZE) {
+        float v[V_VEC];
+        LoadToFloat<T, V_VEC>(v_ptr + r * BLOCK_SIZE, v);
+        if (tail) {
+          // Slots past L may hold stale data or NaN, and 0 * NaN = NaN:
+          // zero the values, not just their probabilities.
+#pragma unroll
+          for (int j = 0; j < V_VEC; ++j) v[j] = (t0 + j < L) ? v[j] : 0.0f;
+        }
+        accs[i] = DotAcc<V_VEC>(probs, v, accs[i]);
+      }
+    }
+  }
+
+  // Reduce over the lanes sharing a row, then across warps through shared
+  // memory reused from the logits (barrier first: other warps may still be
+  // reading probabilities).
+#pragma unroll
+  for (int i = 0; i < RPT; ++i) accs[i] = WarpSum<NVPR>(accs[i]);
+  __syncthreads();
+  float* out_smem = logits;  // [kAttnWarps][HEAD_SIZE]
+  if (lane % NVPR == 0) {
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+      const int r = row0 + i * RPI;
+      if (RPT * RPI <= HEAD_SIZE || r < HEAD_SIZE) out_smem[warp * HEAD_SIZE + r] = accs[i];
+    }
+  }
+  __syncthreads();
+  for (int d = tid; d < HEAD_SIZE; d += kAttnThreads) {
+    float o = out_smem[d];
+#pragma unroll
+    for (int w = 1; w < kAttnWarps; ++w) o += out_smem[w * HEAD_SIZE + d];
+    o *= inv_sum;
+    if (v2) {
+      p.tmp_out[part_row * HEAD_SIZE + d] = o;
+    } else {
+      static_cast<T*>(p.out)[row * HEAD_SIZE + d] = FromFloat<T>(o);
+    }
+  }
+}
+
+// V2 reduce: one CTA per (query head, sequence), head size at run time (at
+// most 2 * kAttnThreads). Reads only the ceil(L / partition_size) partitions
+// that exist; walks them in chunks of kAttnThreads weights kept in shared
+// memory, so any number of partitions works with fixed shared memory.
+constexpr int kMaxReduceRows = 2;  // head_size <= 2 * kAttnThreads
+
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads)
+    PagedAttentionReduceKernel(const PagedAttentionParams p, const int seq_base) {
+  __shared__ float w_smem[kAttnThreads];
+  __shared__ float red_smem[2 * kAttnWarps];
+  const int head = blockIdx.x;
+  const int seq = seq_base + static_cast<int>(blockIdx.y);
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int D = p.head_size;
+
+  const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, p.block_size);
+  const int num_parts = L / p.partition_size + (L % p.partition_size != 0);  // ceil
+  const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;
+  const float* max_logits = p.max_logits + row * p.max_num_partitions;
+  const float* exp_sums = p.exp_sums + row * p.max_num_partitions;
+  const float* tmp_out = p.tmp_out + row * p.max_num_partitions * D;
+
+  // Global max M.
+  float m = -FLT_MAX;
+  for (int i = tid; i < num_parts; i += kAttnThreads) m = fmaxf(m, max_logits[i]);
+  m = WarpMax<32>(m);
+  if (lane == 0) red_smem[warp] = m;
+  __syncthreads();
+  m = red_smem[0];
+#pragma unroll
+  for (int w = 1; w < kAttnWarps; ++w) m = fmaxf(m, red_smem[w]);
+
+  // sum_p w_p tmp_out_p and sum_p w_p, w_p = s_p exp(m_p - M).
+  float acc[kMaxReduceRows] = {0.0f, 0.0f};
+  float w_sum = 0.0f;
+  for (int c = 0; c < num_parts; c += kAttnThreads) {
+    float w = 0.0f;
+    if (c + tid < num_parts) w = exp_sums[c + tid] * expf(max_logits[c + tid] - m);
+    w_sum += w;
+    w_smem[tid] = w;
+    __syncthreads();
+    const int n = min(kAttnThreads, num_parts - c);
+#pragma unroll
+    for (int r = 0; r < kMaxReduceRows; ++r) {
+      const int d = tid + r * kAttnThreads;
+      if (d < D) {
+        const float* src = tmp_out + static_cast<int64_t>(c) * D + d;
+        float a = acc[r];
+        for (int j = 0; j < n; ++j) a = fmaf(src[static_cast<int64_t>(j) * D], w_smem[j], a);
+        acc[r] = a;
+      }
+    }
+    __syncthreads();
+  }
+  w_sum = WarpSum<32>(w_sum);
+  if (lane == 0) red_smem[kAttnWarps + warp] = w_sum;
+  __syncthreads();
+  w_sum = red_smem[kAttnWarps];
+#pragma unroll
+  for (int w = 1; w < kAttnWarps; ++w) w_sum += red_smem[kAttnWarps + w];
+  const float inv = 1.0f / (w_sum + 1e-6f);
+
+  T* out = static_cast<T*>(p.out) + row * D;
+#pragma unroll
+  for (int r = 0; r < kMaxReduceRows; ++r) {
+    const int d = tid + r * kAttnThreads;
+    if (d < D) out[d] = FromFloat<T>(acc[r] * inv);
+  }
+}
+
+// Raises the kernel's dynamic shared-memory limit to the device's opt-in
+// maximum, once per (kernel, device). Needed only above the 48 KiB default.
+template <typename Kernel>
+cudaError_t EnsureSmemOptin(Kernel kernel, size_t smem_bytes, int device,
+                            std::atomic<bool>* done /* [kMaxDevices] */) {
+  if (smem_bytes <= 48 * 1024) return cudaSuccess;
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable && done[device].load(std::memory_order_acquire)) return cudaSuccess;
+  const int optin = MaxSharedMemoryOptin(device);
+  const int limit = optin > 0 ? optin : static_cast<int>(smem_bytes);
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+  if (err != cudaSuccess) return err;
+  if (cacheable && optin > 0) done[device].store(true, std::memory_order_release);
+  return cudaSuccess;
+}
+
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t smem_bytes,
+                                 int device, cudaStream_t stream) {
+  static std::atomic<bool> smem_configured[kMaxDevices];
+  auto kernel = &PagedAttentionKernel<T, HEAD_SIZE, BLOCK_SIZE>;
+  if (cudaError_t err = EnsureSmemOptin(kernel, smem_bytes, device, smem_configured);
+      err != cudaSuccess)
+    return err;
+  const int part_tokens = v2 ? p.partition_size : p.max_blocks_per_seq * BLOCK_SIZE;
+  const int parts = v2 ? p.max_num_partitions : 1;
+  for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
+    const int n = std::min(kMaxGridYZ, p.num_seqs - base);
+    kernel<<<dim3(p.num_heads, n, parts), kAttnThreads, smem_bytes, stream>>>(p, base, part_tokens,
+                                                                            v2);
+    if (v2) PagedAttentionReduceKernel<T><<<dim3(p.num_heads, n), kAttnThreads, 0, stream>>>(p, base);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace jax_paged
+
+// Explicit instantiation of the launchers of one dtype for a list of head
+// sizes (used by the cuda/ffi/cuda_attn_*.cu translation units).
+#define JAX_PAGED_INSTANTIATE_ATTN_HB(T, H, B)                                          \
+  template cudaError_t jax_paged::cuda::LaunchPagedAttention<T, H, B>(                  \
+      const jax_paged::PagedAttentionParams&, bool, size_t, int, cudaStream_t);
+#define JAX_PAGED_INSTANTIATE_ATTN_H(T, H) JAX_PAGED_BLOCK_SIZES(JAX_PAGED_INSTANTIATE_ATTN_HB, T, H)
+// Usage: JAX_PAGED_HEAD_SIZES_A(JAX_PAGED_INSTANTIATE_ATTN_H, __half)

@@ -176,10 +176,11 @@ def test_gpu_cache_beyond_int32_elements():
         value_cache = jnp.full((num_blocks, num_kv_heads, head_size, block_size), jnp.nan,
                                jnp.bfloat16)
     lens = np.array([100, 37], np.int32)
-    blocks = np.array([[num_blocks - 1, num_blocks - 3, num_blocks - 5, num_blocks - 7, -1, -1,
-                        -1],
-                       [num_blocks - 2, num_blocks - 4, num_blocks - 6, -1, -1, -1, -1]],
-                      np.int32)
+    # Seq 0 uses 7 blocks, seq 1 three, all among the last 13 of the cache.
+    blocks = np.full((2, 7), -1, np.int64)
+    blocks[0, :] = num_blocks - 1 - 2 * np.arange(7)
+    blocks[1, :3] = num_blocks - 2 - 2 * np.arange(3)
+    blocks = blocks.astype(np.int32)
     keys = [rng.standard_normal((L, num_kv_heads, head_size)).astype(jnp.bfloat16) for L in lens]
     values = [rng.standard_normal((L, num_kv_heads, head_size)).astype(jnp.bfloat16)
               for L in lens]

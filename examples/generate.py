@@ -13,6 +13,8 @@ Examples::
     python examples/generate.py --model llama3-8b --layers 4 --dtype bfloat16 \\
         --max-batch 64 --num-requests 256 --max-seq-len 1024 --num-blocks 4096 --skip-dense-check
     python examples/generate.py --checkpoint ~/Llama-3.2-1B --prompt "The capital of France is"
+    python examples/generate.py --model small --tp 2                # tensor parallel, 2 GPUs
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python examples/generate.py --tp 2  # on CPU
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 import jax_paged
 from jax_paged.engine import Engine, EngineConfig
-from jax_paged.llama import PRESETS, LlamaConfig, generate_dense, init_params, load_hf_checkpoint
+from jax_paged.llama import (
+    PRESETS, TP_AXIS, LlamaConfig, check_tensor_parallel, generate_dense, init_params,
+    load_hf_checkpoint,
+)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 DEFAULT_TEXT_PROMPTS = [
@@ -69,6 +75,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     e = p.add_argument_group("engine")
     e.add_argument("--attn-impl", choices=["auto", "reference"], default="auto",
                    help="paged attention: native kernels (CUDA on GPU) or the jnp reference")
+    e.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallel over N devices (mesh axis 'tp'): attention heads and MLP "
+                        "split Megatron-style, each layer's paged cache split on its KV heads; "
+                        "heads, KV heads and intermediate size must divide by N. On CPU, set "
+                        "XLA_FLAGS=--xla_force_host_platform_device_count=N")
     e.add_argument("--max-batch", type=int, default=8, help="decode slots")
     e.add_argument("--block-size", type=int, default=16, choices=[8, 16, 32])
     e.add_argument("--max-seq-len", type=int, default=128, help="per-sequence capacity")
@@ -164,8 +175,24 @@ def make_requests(args, config, tokenizer, eos):
     return reqs
 
 
-def serve(config, params, engine_config, reqs, progress: bool):
-    engine = Engine(config, params, engine_config)
+def make_mesh(config: LlamaConfig, tp: int) -> Mesh | None:
+    """A 1-D mesh of ``tp`` devices on axis "tp", or None for a single-device run."""
+    if tp == 1:
+        return None  # the plain ops, unsharded
+    devices = jax.devices()
+    if tp > len(devices):
+        hint = (f"; on CPU run with XLA_FLAGS=--xla_force_host_platform_device_count={tp}"
+                if jax.default_backend() == "cpu" else "")
+        sys.exit(f"--tp {tp}: only {len(devices)} {jax.default_backend()} device(s){hint}")
+    try:
+        check_tensor_parallel(config, tp)
+    except ValueError as e:
+        sys.exit(f"--tp {tp}: {e}")
+    return Mesh(np.array(devices[:tp]), (TP_AXIS,))
+
+
+def serve(config, params, engine_config, reqs, progress: bool, mesh: Mesh | None = None):
+    engine = Engine(config, params, engine_config, mesh=mesh)
     ids = [engine.add_request(*r) for r in reqs]
     bar = _Progress(sum(n for _, n, _ in reqs), "generating") if progress else None
     t0 = time.perf_counter()
@@ -183,6 +210,7 @@ def main(argv=None) -> int:
         # Exact float32 matmuls (GPUs default to TF32), so greedy tokens can match the dense check.
         jax.config.update("jax_default_matmul_precision", "highest")
     config, params, tokenizer, eos, name = load_model(args)
+    mesh = make_mesh(config, args.tp)
     reqs = make_requests(args, config, tokenizer, eos)
     bs = args.block_size
     max_blocks = math.ceil(args.max_seq_len / bs)
@@ -199,16 +227,20 @@ def main(argv=None) -> int:
     print(f"model: {name}: {config.num_layers} layers, hidden {config.hidden_size}, "
           f"{config.num_heads} heads / {config.num_kv_heads} KV heads x {config.head_dim}, "
           f"vocab {config.vocab_size}, {config.num_params() / 1e6:.3g}M params, {args.dtype}")
-    print(f"device: {jax.devices()[0].device_kind} ({backend}); paged attention: {kernels}")
+    devices = (f"{jax.devices()[0].device_kind} ({backend})" if mesh is None else
+               f"{args.tp} x {jax.devices()[0].device_kind} ({backend}), tensor parallel: "
+               f"{config.num_heads // args.tp} heads / {config.num_kv_heads // args.tp} KV heads "
+               f"and {config.intermediate_size // args.tp} MLP columns per device")
+    print(f"device: {devices}; paged attention: {kernels}")
     print(f"engine: {ec.max_batch} slots, {ec.num_blocks} blocks x {bs} tokens, max_seq_len {ec.max_seq_len}; "
           f"{len(reqs)} requests, prompts {min(len(p) for p, _, _ in reqs)}-{max(len(p) for p, _, _ in reqs)} "
           f"tokens, budgets {min(n for _, n, _ in reqs)}-{max(n for _, n, _ in reqs)}")
 
     if not args.no_warmup:
         t0 = time.perf_counter()
-        serve(config, params, ec, reqs, progress=False)  # compiles the loop and prefill shapes
+        serve(config, params, ec, reqs, progress=False, mesh=mesh)  # compiles loop and prefill shapes
         print(f"warm-up run (compilation included): {time.perf_counter() - t0:.1f} s")
-    outputs, engine, elapsed = serve(config, params, ec, reqs, progress=True)
+    outputs, engine, elapsed = serve(config, params, ec, reqs, progress=True, mesh=mesh)
     st = engine.stats
 
     print(f"requests served:   {st.requests_served}")
@@ -230,7 +262,8 @@ def main(argv=None) -> int:
 
     result = {
         "model": name, "layers": config.num_layers, "dtype": args.dtype, "attn_impl": args.attn_impl,
-        "kernels": kernels, "device": jax.devices()[0].device_kind, "max_batch": ec.max_batch,
+        "kernels": kernels, "device": jax.devices()[0].device_kind, "tp": args.tp,
+        "max_batch": ec.max_batch,
         "block_size": bs, "num_blocks": ec.num_blocks, "max_seq_len": ec.max_seq_len,
         "requests": st.requests_served, "tokens_generated": st.tokens_generated,
         "prompt_tokens": st.prompt_tokens, "seconds": elapsed, "tokens_per_s": st.tokens_generated / elapsed,
@@ -241,6 +274,8 @@ def main(argv=None) -> int:
     status = 0
     if not args.skip_dense_check:
         dense_len = 1 << (args.max_seq_len - 1).bit_length()  # one compilation for every request
+        # On one device with the unsharded weights (the engine sharded its own copy), so with
+        # --tp the check compares the tensor-parallel tokens with a single-device run.
         ref = [generate_dense(params, config, p, n, e, max_len=dense_len) for p, n, e in reqs]
         same = sum(a == b for a, b in zip(outputs, ref))
         ok = same == len(reqs)

@@ -61,14 +61,27 @@ def allocate_kv_cache(
     dtype: Any = jnp.float32,
     *,
     device: Optional[jax.Device] = None,
+    sharding: Optional[jax.sharding.Sharding] = None,
 ) -> KVCaches:
     """Zero-filled paged KV caches for ``num_layers`` layers.
 
     Returns a list of ``num_layers`` pairs ``(key_cache, value_cache)`` of ``dtype`` with the
     shapes of :func:`kv_cache_shapes`. Pass the list to jitted functions with it donated
     (``donate_argnums``) so that cache writes happen in place.
+
+    ``sharding`` (e.g. ``NamedSharding(mesh, P(None, "tp"))``: KV heads split over the mesh axis
+    "tp", as tensor parallelism needs) places both caches of every layer; each device then
+    allocates only its own shard.
     """
+    if device is not None and sharding is not None:
+        raise ValueError("pass device or sharding, not both")
     k_shape, v_shape = kv_cache_shapes(num_blocks, num_kv_heads, head_size, block_size, dtype)
+    if sharding is not None:
+        # Zeros made by a jitted function with out_shardings: every device writes its shard in
+        # place, and no device ever holds the whole (possibly larger than one device) cache.
+        zeros = jax.jit(lambda: (jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype)),
+                        out_shardings=(sharding, sharding))
+        return [zeros() for _ in range(num_layers)]
     caches = []
     for _ in range(num_layers):
         k = jnp.zeros(k_shape, dtype)

@@ -26,6 +26,12 @@ The host runs an outer loop; each iteration
 Memory therefore follows the actual lengths: a sequence holds ``ceil(seq_len / block_size)``
 blocks, never its maximum. ``check_invariants=True`` verifies after every admission and every
 loop that live block tables and the free list partition the blocks (``check_page_accounting``).
+
+Tensor parallelism: ``Engine(..., mesh=mesh)`` with a mesh axis ``"tp"`` of N devices shards the
+weights Megatron-style (:func:`jax_paged.llama.shard_params`) and every layer's caches on their
+KV-heads axis (dim 1); the decode state (tokens, block tables, lengths, free list) is replicated,
+so scheduling and paging are the same on every device. Prefill and decode loop are the same
+jitted functions with ``tensor_parallel=True``; XLA partitions them from the input shardings.
 """
 
 from __future__ import annotations
@@ -38,12 +44,15 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_paged.cache import (
     BlockPool, HostBlockAllocator, KVCaches, allocate_blocks, allocate_kv_cache,
     check_page_accounting, free_blocks,
 )
-from jax_paged.llama import LlamaConfig, Params, decode_step_paged, prefill_paged
+from jax_paged.llama import (
+    TP_AXIS, LlamaConfig, Params, decode_step_paged, prefill_paged, shard_params,
+)
 
 
 def _cdiv(a, b):
@@ -137,6 +146,7 @@ def decode_loop(
     block_size: int,
     attn_impl: str = "auto",
     partition_size: int = 512,
+    tensor_parallel: bool = False,
 ) -> tuple[KVCaches, DecodeState, jax.Array]:
     """Greedy decode steps in one ``lax.while_loop``; jit it with ``kv_caches``/``state`` donated.
 
@@ -146,6 +156,7 @@ def decode_loop(
       state: :class:`DecodeState`.
       max_steps: int32 scalar, most steps to run.
       exit_after: int32 scalar, stop after the step in which this many sequences finished.
+      tensor_parallel: caches sharded on KV heads (see :func:`jax_paged.llama.paged_ops`).
 
     Returns:
       ``(kv_caches, state, steps int32 [])``. Stops early when no slot is live, after
@@ -174,7 +185,8 @@ def decode_loop(
         ctx_lens = jnp.where(st.active, st.seq_lens + 1, 0)
         logits, caches = decode_step_paged(
             params, caches, st.tokens, st.seq_lens, block_tables, slot_mapping, ctx_lens,
-            config=config, attn_impl=attn_impl, partition_size=partition_size)
+            config=config, attn_impl=attn_impl, partition_size=partition_size,
+            tensor_parallel=tensor_parallel)
         nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         # 3. Record the token; live slots advance.
         act = st.active
@@ -196,33 +208,40 @@ def decode_loop(
     return caches, state, steps
 
 
-def make_decode_loop(config: LlamaConfig, engine_config: EngineConfig, *, donate: bool = True) -> Callable:
+def make_decode_loop(config: LlamaConfig, engine_config: EngineConfig, *, donate: bool = True,
+                     tensor_parallel: bool = False) -> Callable:
     """:func:`decode_loop` jitted, with ``kv_caches`` and ``state`` donated unless ``donate=False``.
 
     Engines with the same model config, block size and attention settings share one jitted
-    function (and so its compilation cache).
+    function (and so its compilation cache). With ``tensor_parallel=True`` the same function runs
+    on the shardings of its inputs (weights and caches placed by :class:`Engine` on its mesh).
     """
     ec = engine_config
-    return _jitted_decode_loop(config, ec.block_size, ec.attn_impl, ec.partition_size, donate)
+    return _jitted_decode_loop(config, ec.block_size, ec.attn_impl, ec.partition_size, donate,
+                               tensor_parallel)
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_decode_loop(config, block_size, attn_impl, partition_size, donate):
+def _jitted_decode_loop(config, block_size, attn_impl, partition_size, donate, tensor_parallel):
     fn = functools.partial(decode_loop, config=config, block_size=block_size,
-                           attn_impl=attn_impl, partition_size=partition_size)
+                           attn_impl=attn_impl, partition_size=partition_size,
+                           tensor_parallel=tensor_parallel)
     return jax.jit(fn, donate_argnums=(1, 2) if donate else ())
 
 
-def _prefill_and_sample(params, kv_caches, tokens, prompt_lens, slot_mapping, *, config):
-    logits, kv_caches = prefill_paged(params, kv_caches, tokens, prompt_lens, slot_mapping, config=config)
+def _prefill_and_sample(params, kv_caches, tokens, prompt_lens, slot_mapping, *, config,
+                        tensor_parallel):
+    logits, kv_caches = prefill_paged(params, kv_caches, tokens, prompt_lens, slot_mapping,
+                                      config=config, tensor_parallel=tensor_parallel)
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), kv_caches
 
 
 @functools.lru_cache(maxsize=None)
-def make_prefill(config: LlamaConfig, *, donate: bool = True) -> Callable:
+def make_prefill(config: LlamaConfig, *, donate: bool = True, tensor_parallel: bool = False) -> Callable:
     """Jitted prefill + greedy first token: ``(params, kv_caches, tokens [R,T], prompt_lens [R],
     slot_mapping [R,T]) -> (first_tokens int32 [R], kv_caches)``, caches donated."""
-    return jax.jit(functools.partial(_prefill_and_sample, config=config),
+    return jax.jit(functools.partial(_prefill_and_sample, config=config,
+                                     tensor_parallel=tensor_parallel),
                    donate_argnums=(1,) if donate else ())
 
 
@@ -261,22 +280,40 @@ class Engine:
         engine = Engine(config, params, EngineConfig(max_batch=8, num_blocks=64))
         ids = [engine.add_request(prompt, max_new_tokens=32, eos_id=2) for prompt in prompts]
         outputs = engine.run()          # {request_id: [token ids]}
+
+    Tensor parallel over N devices: pass ``mesh=Mesh(np.array(jax.devices()[:N]), ("tp",))``.
+    ``params`` are then copied onto the mesh (sharded) and the caches are allocated sharded;
+    raises ``ValueError`` if heads, KV heads or the intermediate size do not divide by N.
     """
 
     def __init__(self, config: LlamaConfig, params: Params, engine_config: EngineConfig = EngineConfig(),
-                 *, cache_dtype: Any = None, check_invariants: bool = False):
+                 *, cache_dtype: Any = None, check_invariants: bool = False,
+                 mesh: Optional[Mesh] = None):
         ec = engine_config
         if ec.num_blocks < ec.max_blocks_per_seq:
             raise ValueError("num_blocks must hold at least one max_seq_len sequence")
         self.config = config
-        self.params = params
         self.engine_config = ec
         self.check_invariants = check_invariants
+        self.mesh = mesh
         dtype = cache_dtype if cache_dtype is not None else params["embed"].dtype
+        cache_sharding = None
+        # Where the decode state goes each loop: the default device, or every device of the mesh.
+        self._state_sharding: Optional[NamedSharding] = None
+        if mesh is not None:
+            if TP_AXIS not in mesh.axis_names:
+                raise ValueError(f"tensor parallelism needs a mesh axis named {TP_AXIS!r}, "
+                                 f"got {mesh.axis_names}")
+            params = shard_params(params, config, mesh)  # checks the sizes divide
+            cache_sharding = NamedSharding(mesh, P(None, TP_AXIS))  # KV heads split
+            self._state_sharding = NamedSharding(mesh, P())  # replicated
+        self.params = params
         self.kv_caches = allocate_kv_cache(config.num_layers, ec.num_blocks, config.num_kv_heads,
-                                           config.head_dim, ec.block_size, dtype)
-        self._decode_loop = make_decode_loop(config, ec)
-        self._prefill = make_prefill(config)
+                                           config.head_dim, ec.block_size, dtype,
+                                           sharding=cache_sharding)
+        tp = mesh is not None
+        self._decode_loop = make_decode_loop(config, ec, tensor_parallel=tp)
+        self._prefill = make_prefill(config, tensor_parallel=tp)
         self._state = init_decode_state(ec)  # host copy, authoritative between loops
         self._slot_req: list[Optional[Request]] = [None] * ec.max_batch
         self._slot_order = np.zeros(ec.max_batch, np.int64)  # admission order, for preemption
@@ -433,7 +470,7 @@ class Engine:
         before = self._state.num_generated.copy()
         exit_after = 1 if self._waiting else ec.max_batch + 1
         self.kv_caches, dev_state, steps = self._decode_loop(
-            self.params, self.kv_caches, jax.device_put(self._state),
+            self.params, self.kv_caches, jax.device_put(self._state, self._state_sharding),
             np.int32(ec.max_steps_per_loop), np.int32(exit_after))
         # The one host sync per loop: the (small) decode state, never the caches.
         host = jax.device_get(dev_state)

@@ -25,6 +25,12 @@ Three forward paths share the same layer math:
 
 Parameters are a plain pytree (dicts and lists of ``jax.Array``); linear weights are stored
 ``[in_features, out_features]`` (``y = x @ w``), i.e. transposed with respect to PyTorch.
+
+Tensor parallelism (Megatron-style, over a 1-D mesh axis ``"tp"``): :func:`shard_params` places
+the q/k/v and gate/up weights split on their output columns and o_proj/down_proj on their input
+rows; the paged paths take ``tensor_parallel=True`` to call the ``jax_paged.sharding`` variants
+of the cache ops, which run on each device's local KV heads. The layer math is unchanged: under
+``jax.jit`` XLA partitions it and adds one all-reduce after o_proj and one after down_proj.
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ from typing import Any, Mapping, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_paged
+import jax_paged.sharding
 
 Params = dict[str, Any]
 KVCaches = list[tuple[jax.Array, jax.Array]]
@@ -411,6 +419,68 @@ def forward(params: Params, config: LlamaConfig, tokens: jax.Array) -> jax.Array
 
 
 # --------------------------------------------------------------------------------------------
+# Tensor parallelism (Megatron-style, over heads and the MLP's intermediate axis)
+# --------------------------------------------------------------------------------------------
+
+TP_AXIS = "tp"
+"""Name of the mesh axis tensor parallelism shards over."""
+
+# Where each layer weight is split: q/k/v and gate/up on their output columns (so each device
+# holds whole heads / a slice of the intermediate axis), o_proj and down_proj on their input rows
+# (so each device's partial product is summed by one all-reduce). Norms stay replicated.
+_LAYER_SPLIT = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "w_gate": 1, "w_up": 1, "w_down": 0}
+
+
+def check_tensor_parallel(config: LlamaConfig, tp: int) -> None:
+    """Raise ``ValueError`` unless heads, KV heads and the intermediate size split evenly over
+    ``tp`` devices (a KV head, like a query head, lives whole on one device)."""
+    if tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+    uneven = [f"{name} ({count})" for name, count in (
+        ("num_heads", config.num_heads), ("num_kv_heads", config.num_kv_heads),
+        ("intermediate_size", config.intermediate_size)) if count % tp]
+    if uneven:
+        raise ValueError(f"tensor parallel over {tp} devices needs every sharded size to be a "
+                         f"multiple of {tp}; {', '.join(uneven)} "
+                         f"{'is' if len(uneven) == 1 else 'are'} not")
+
+
+def param_partition_specs(config: LlamaConfig, axis: str = TP_AXIS) -> Params:
+    """A pytree like the parameters' with the ``PartitionSpec`` of each leaf.
+
+    Embedding, norms and LM head are replicated: they are small next to the layers at the
+    sizes this example runs, and a replicated LM head keeps the greedy argmax local.
+    """
+    layer = {name: P() for name in ("attn_norm", "mlp_norm")}
+    for name, dim in _LAYER_SPLIT.items():
+        layer[name] = P(None, axis) if dim == 1 else P(axis, None)
+    specs: Params = {"embed": P(), "layers": [dict(layer) for _ in range(config.num_layers)],
+                     "final_norm": P()}
+    if not config.tie_word_embeddings:
+        specs["lm_head"] = P()
+    return specs
+
+
+def shard_params(params: Params, config: LlamaConfig, mesh: Mesh, axis: str = TP_AXIS) -> Params:
+    """``params`` placed on ``mesh`` for tensor parallelism over ``axis`` (new arrays; the
+    input is left as it is). Raises ``ValueError`` for sizes that do not split evenly."""
+    check_tensor_parallel(config, mesh.shape[axis])
+    shardings = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec),
+                                       param_partition_specs(config, axis))
+    return jax.device_put(params, shardings)
+
+
+def paged_ops(tensor_parallel: bool):
+    """The module whose ``reshape_and_cache`` / ``paged_attention`` the paged paths call.
+
+    Tensor-parallel runs need ``jax_paged.sharding``: its partitioning rule keeps each device
+    on its own KV heads, where XLA would gather the whole cache around the plain primitives.
+    Single-device runs keep the plain ops, which (unlike the sharding variants) support vmap.
+    """
+    return jax_paged.sharding if tensor_parallel else jax_paged
+
+
+# --------------------------------------------------------------------------------------------
 # Paged path: prefill and one decode step
 # --------------------------------------------------------------------------------------------
 
@@ -423,6 +493,7 @@ def prefill_paged(
     slot_mapping: jax.Array,
     *,
     config: LlamaConfig,
+    tensor_parallel: bool = False,
 ) -> tuple[jax.Array, KVCaches]:
     """Run prompts densely and write their K/V into the paged cache.
 
@@ -432,6 +503,8 @@ def prefill_paged(
       tokens: int32 ``[R, T]`` right-padded prompts.
       prompt_lens: int32 ``[R]``; rows with 0 are padding rows.
       slot_mapping: int32 ``[R, T]`` cache slot of each prompt token, -1 for padding.
+      tensor_parallel: write through ``jax_paged.sharding`` (caches sharded on KV heads; see
+        :func:`paged_ops`).
 
     Returns:
       ``(logits float32 [R, vocab] at each prompt's last token, kv_caches)``.
@@ -443,13 +516,14 @@ def prefill_paged(
     # Causal, and padded keys never attended (padded queries are discarded anyway).
     mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
     flat_slots = slot_mapping.reshape(r * t)
+    ops = paged_ops(tensor_parallel)
     x = params["embed"][tokens]
     new_caches = []
     for layer, (key_cache, value_cache) in zip(params["layers"], kv_caches):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(layer, h, config, positions, inv_freq)
         # All prompt tokens of all rows in one cache write per layer.
-        key_cache, value_cache = jax_paged.reshape_and_cache(
+        key_cache, value_cache = ops.reshape_and_cache(
             k.reshape(r * t, config.num_kv_heads, config.head_dim).astype(key_cache.dtype),
             v.reshape(r * t, config.num_kv_heads, config.head_dim).astype(value_cache.dtype),
             key_cache, value_cache, flat_slots)
@@ -474,6 +548,7 @@ def decode_step_paged(
     config: LlamaConfig,
     attn_impl: str = "auto",
     partition_size: int = 512,
+    tensor_parallel: bool = False,
 ) -> tuple[jax.Array, KVCaches]:
     """One decode step of a batch of sequences on the paged cache.
 
@@ -483,21 +558,23 @@ def decode_step_paged(
       block_tables: int32 ``[B, max_blocks_per_seq]``.
       slot_mapping: int32 ``[B]`` where the new token's K/V goes; -1 for idle slots.
       seq_lens: int32 ``[B]`` context length *including* the new token; 0 for idle slots.
+      tensor_parallel: use the ``jax_paged.sharding`` ops (see :func:`paged_ops`).
 
     Returns:
       ``(logits float32 [B, vocab], kv_caches)``.
     """
     b = tokens.shape[0]
     inv_freq = rope_inv_freq(config)
+    ops = paged_ops(tensor_parallel)
     x = params["embed"][tokens]  # [B, D]
     new_caches = []
     for layer, (key_cache, value_cache) in zip(params["layers"], kv_caches):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(layer, h, config, positions, inv_freq)
         # Write first, then attend: the new token attends to itself through the cache.
-        key_cache, value_cache = jax_paged.reshape_and_cache(
+        key_cache, value_cache = ops.reshape_and_cache(
             k.astype(key_cache.dtype), v.astype(value_cache.dtype), key_cache, value_cache, slot_mapping)
-        o = jax_paged.paged_attention(
+        o = ops.paged_attention(
             q.astype(key_cache.dtype), key_cache, value_cache, block_tables, seq_lens,
             scale=config.head_dim ** -0.5, impl=attn_impl, partition_size=partition_size)
         new_caches.append((key_cache, value_cache))

@@ -74,9 +74,12 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims) -> int:
     """Partition length for impl="grouped" (split-KV): enough partitions that
     every SM (or core) gets work, each at least 256 tokens, a multiple of
     block_size. Chosen from static shapes, so no recompilation per length."""
+    # Measured on the H200 (BENCHMARKS.md): rounding the split count down
+    # beats rounding up (a partial extra wave of CTAs costs more than it
+    # gains), and one split is best once num_seqs * num_kv_heads >= 2 * SMs.
     workers = 2 * _num_sms() if platform == "cuda" else _cpu_threads()
     items = max(1, dims.num_seqs * dims.num_kv_heads)
-    splits = max(1, min(-(-workers // items), -(-dims.capacity // 256)))
+    splits = max(1, min(workers // items, -(-dims.capacity // 256)))
     size = -(-dims.capacity // splits)
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)
 
@@ -87,15 +90,13 @@ def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
     choice is made once at trace time (no data-dependent branch on device)."""
     if impl != "auto":
         return impl
-    parts = dims.num_partitions(partition_size)
-    if parts == 1:
-        return "v1"
     if platform == "cuda":
-        # vLLM v0.6.0's rule: V1 when the context is short and the grid is
-        # already large, else split the context (V2).
-        if dims.capacity <= 8192 and dims.num_seqs * dims.num_heads > 512:
-            return "v1"
-        return "v2"
+        # The split-KV grouped kernel reads each page once per KV head and
+        # sizes its split to the GPU; it beat V1 and V2 on every measured
+        # configuration (BENCHMARKS.md).
+        return "grouped"
+    if dims.num_partitions(partition_size) == 1:
+        return "v1"
     # CPU: one V1 work item per (sequence, KV head); split the context only
     # when that leaves cores idle.
     return "v2" if dims.num_seqs * dims.num_kv_heads < _cpu_threads() else "v1"

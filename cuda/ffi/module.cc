@@ -29,6 +29,10 @@ NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
     d["jax_paged_attention_v2"] = Capsule(JAX_PAGED_HANDLER(JaxPagedAttentionV2));
     d["jax_paged_reshape_and_cache"] = Capsule(JAX_PAGED_HANDLER(JaxPagedReshapeAndCache));
     d["jax_paged_copy_blocks"] = Capsule(JAX_PAGED_HANDLER(JaxPagedCopyBlocks));
+#ifdef JAX_PAGED_MODULE_CUDA
+    // CUDA only: on the CPU, impl="grouped" lowers to the (already grouped) V2 target.
+    d["jax_paged_attention_grouped"] = Capsule(JaxPagedAttentionGroupedCuda);
+#endif
     return d;
   });
 }

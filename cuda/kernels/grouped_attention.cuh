@@ -1,0 +1,674 @@
+// Split-KV, GQA-grouped paged-attention decode kernel (impl="grouped").
+// Framework-free. Same contract as V2 (see paged_attention.cuh): the same
+// workspace, the same per-partition results, and V2's reduce kernel.
+//
+// One CTA (4 warps) per (KV head, sequence, partition) computes all the query
+// heads of its KV head (up to 16; larger groups are split over
+// num_kv_heads * group_chunks CTAs), so each K/V page of the partition is
+// read from HBM once, not once per query head.
+//
+// Memory pipeline: the partition's pages stream through kStages shared-memory
+// stages of kTile tokens (32 or 64). Per (page, KV head) the cache layout puts
+// K ([D/x][BS][x]) and V ([D][BS]) in two contiguous runs of D * BS elements,
+// so lane i of warp 0 copies page i of a tile with two bulk copies
+// (cp.async.bulk, plain sm_90; no tensor map) completing on the stage's
+// mbarrier. Invalid pages (id outside [0, num_blocks)) and pages past the
+// partition's end are never copied; a per-stage bit mask says which pages
+// arrived. Block-table entries are prefetched one tile ahead.
+//
+// Compute, per tile: warp w takes a 16-token slice (two warps per slice when
+// D >= 192, each doing half of the P.V dims). Rows are query heads (16, zero
+// padded), columns tokens:
+//   * f16/bf16: S = Q K^T with mma.m16n8k16 (ldmatrix of Q and of K straight
+//     from the cache layout: a 16-byte K chunk is one ldmatrix row), online
+//     softmax on the accumulator fragments (log2 domain, fp32), P rounded to
+//     the cache dtype as the A operand of O += P V (ldmatrix of V rows, whose
+//     BS tokens are contiguous). fp32 accumulation.
+//   * f32: the same fragment layout computed with fp32 FMAs (CUDA cores).
+// Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
+// their V is zeroed in registers (0 * NaN = NaN), their K never matters.
+// Each warp keeps its own running max / sum / output over its slices; the
+// slices are merged exactly at the end of the partition through shared
+// memory. With one partition (max_num_partitions == 1) the kernel writes
+// `out` itself (the V2 reduce of a single partition, folded in); otherwise it
+// writes the workspace and V2's reduce kernel runs after it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cstdint>
+#include <type_traits>
+
+#include "dtypes.cuh"
+#include "grouped_launch.h"
+#include "launch.h"
+#include "paged_attention.cuh"  // PagedAttentionReduceKernel, EnsureSmemOptin
+#include "params.h"
+
+namespace jax_paged {
+namespace cuda {
+namespace grouped {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- PTX wrappers ------------------------------------------------------------
+// sm_90 instructions (bulk copies, mbarrier tx counts); the kernel body is
+// compiled only for sm_90+ and traps elsewhere (the handler refuses older GPUs).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define JAX_PAGED_GROUPED_SM90 1
+#else
+#define JAX_PAGED_GROUPED_SM90 0
+#endif
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+#if JAX_PAGED_GROUPED_SM90
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void FenceMbarInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  while (!MbarTryWait(bar, parity)) {
+  }
+}
+// Global -> shared bulk copy of `bytes` (multiple of 16, both ends 16-byte
+// aligned), completing on the mbarrier's transaction count.
+__device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint32_t bytes,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+#endif  // JAX_PAGED_GROUPED_SM90
+
+__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void Ldsm2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+
+// c += a * b, m16n8k16 (A row-major, B column-major), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+// c += a * b, m16n8k8 (the last 8 dims of head sizes that are 8 mod 16).
+template <typename T>
+__device__ __forceinline__ void Mma1688(float (&c)[4], const uint32_t (&a)[2], uint32_t b0) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+  }
+}
+
+// Two floats rounded to T, packed (lo in the low half); *sum += both rounded
+// values, so that the softmax denominator sums exactly what P.V multiplies.
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi, float* sum) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    *sum += __low2float(v) + __high2float(v);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    *sum += __low2float(v) + __high2float(v);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ float Dot4(const float4& a, const float4& b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+// ---- the kernel -----------------------------------------------------------------
+// grid (num_kv_heads * group_chunks, num_seqs chunk, max_num_partitions),
+// kThreads threads, GroupedConfig::kSmemBytes of dynamic shared memory.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
+                           const int group_chunks, const int heads_per_cta,
+                           const bool direct_out) {
+#if !JAX_PAGED_GROUPED_SM90
+  __trap();
+#else
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), D>;
+  constexpr int kStages = C::kStages;
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int kv_head = blockIdx.x / group_chunks;
+  const int chunk = blockIdx.x - kv_head * group_chunks;
+  const int seq = seq_base + static_cast<int>(blockIdx.y);
+  const int part = blockIdx.z;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int rows = min(heads_per_cta, group - chunk * heads_per_cta);  // query heads here
+  if (rows <= 0) return;
+  const int h0 = kv_head * group + chunk * heads_per_cta;
+
+  const int BS = p.block_size;  // 8, 16 or 32 (checked by the handler)
+  const int log2_bs = __ffs(BS) - 1;
+  const int ppt = C::kTile >> log2_bs;  // pages per tile (1..8)
+  const int blocks_per_part = p.partition_size >> log2_bs;
+  const int64_t start_blk64 = static_cast<int64_t>(part) * blocks_per_part;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+
+  // Warp 0 fetches the first stages' table entries before waiting for
+  // seq_lens (independent loads; entries past the sequence are loaded but
+  // never used).
+  int32_t first_entries[kStages];
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      const int64_t blk = start_blk64 + i * ppt + lane;
+      first_entries[i] = (lane < ppt && blk < p.max_blocks_per_seq) ? table[blk] : -1;
+    }
+  }
+
+  const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BS);
+  const int64_t head_row0 = static_cast<int64_t>(seq) * p.num_heads + h0;  // (seq, h0)
+  const int P = p.max_num_partitions;
+
+  if (start_blk64 * BS >= L) {
+    // Empty partition (or L == 0): a well-defined empty result, then exit.
+    // With a single partition this is out = 0 (L == 0).
+    for (int i = tid; i < rows * D; i += kThreads) {
+      const int r = i / D;
+      const int d = i - r * D;
+      const int64_t hrow = head_row0 + r;
+      if (direct_out) {
+        static_cast<T*>(p.out)[hrow * D + d] = FromFloat<T>(0.0f);
+      } else {
+        p.tmp_out[(hrow * P + part) * D + d] = 0.0f;
+        if (d == 0) {
+          p.max_logits[hrow * P + part] = -FLT_MAX;
+          p.exp_sums[hrow * P + part] = 0.0f;
+        }
+      }
+    }
+    return;
+  }
+
+  const int start_blk = static_cast<int>(start_blk64);
+  const int num_seq_blocks = (L + BS - 1) >> log2_bs;
+  const int end_blk = static_cast<int>(
+      std::min<int64_t>(start_blk64 + blocks_per_part, static_cast<int64_t>(num_seq_blocks)));
+  const int ntiles = (end_blk - start_blk + ppt - 1) / ppt;  // >= 1
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* q_s = reinterpret_cast<T*>(smem + C::kQOff);
+  float* ml_s = reinterpret_cast<float*>(smem + C::kMlOff);
+  uint32_t* mask_s = reinterpret_cast<uint32_t*>(smem + C::kMaskOff);
+  const uint32_t stages_addr = SmemAddr(smem);
+  const uint32_t bar0 = SmemAddr(smem + C::kBarOff);
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) MbarInit(bar0 + 8 * s, 1);
+    FenceMbarInit();
+  }
+  __syncthreads();
+
+  // ---- producer (warp 0, lane i < ppt copies page i of a tile) ---------------
+  const int page_elems = D * BS;
+  const uint32_t page_bytes = static_cast<uint32_t>(page_elems * sizeof(T));
+  const int64_t kv_block_stride = static_cast<int64_t>(p.num_kv_heads) * page_elems;
+  const int64_t kv_head_off = static_cast<int64_t>(kv_head) * page_elems;
+  const T* key_cache = static_cast<const T*>(p.key_cache);
+  const T* value_cache = static_cast<const T*>(p.value_cache);
+
+  auto load_entry = [&](int tile) -> int32_t {
+    const int blk = start_blk + tile * ppt + lane;
+    return (lane < ppt && blk < end_blk) ? table[blk] : -1;
+  };
+  // All 32 lanes of warp 0 call it (ballot).
+  auto issue = [&](int tile, int stage, int32_t entry) {
+    const int blk = start_blk + tile * ppt + lane;
+    const int64_t phys = entry;
+    const bool ok = lane < ppt && blk < end_blk && phys >= 0 && phys < p.num_blocks;
+    const uint32_t pages = __ballot_sync(0xffffffffu, ok);
+    const uint32_t bar = bar0 + 8 * stage;
+    if (lane == 0) {
+      mask_s[stage] = pages;  // published by the arrive (release) below
+      MbarArriveExpectTx(bar, static_cast<uint32_t>(__popc(pages)) * 2u * page_bytes);
+    }
+    __syncwarp();
+    if (ok) {
+      const int64_t src = phys * kv_block_stride + kv_head_off;
+      const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes +
+                           static_cast<uint32_t>(lane) * page_bytes;
+      BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
+      BulkCopyG2S(dst + C::kTileElems * sizeof(T), value_cache + src, page_bytes, bar);
+    }
+  };
+
+  int32_t next_entry = -1;  // warp 0: table entry for tile kStages, then the next
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      if (i < ntiles) issue(i, i, first_entries[i]);
+    }
+    if (kStages < ntiles) next_entry = load_entry(kStages);
+  }
+
+  // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
+  {
+    constexpr int kChunks = D / C::kX;
+    const T* q = static_cast<const T*>(p.query) + head_row0 * D;
+    for (int i = tid; i < kMaxRows * kChunks; i += kThreads) {
+      const int r = i / kChunks;
+      const int c = i - r * kChunks;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (r < rows) v = *reinterpret_cast<const uint4*>(q + static_cast<int64_t>(r) * D + c * C::kX);
+      *reinterpret_cast<uint4*>(q_s + r * C::kQStride + c * C::kX) = v;
+    }
+  }
+  __syncthreads();
+
+  // ---- per-warp constants ------------------------------------------------------
+  const int slice = warp / C::kWarpsPerSlice;
+  const int dsub = warp - slice * C::kWarpsPerSlice;
+  const int dim0 = dsub * C::kDimsPerWarp;
+  const int gid = lane >> 2;  // fragment row (query head gid and gid + 8)
+  const int tq = lane & 3;    // fragment column pair
+  const int slice_tok = slice * 16;
+  const int pg_lo = slice_tok >> log2_bs;        // page of the slice's tokens 0..7
+  const int pg_hi = (slice_tok + 8) >> log2_bs;  // page of its tokens 8..15
+  const float scale2 = p.scale * kLog2e;
+  float slope2[2] = {0.0f, 0.0f};
+  if (p.alibi_slopes != nullptr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (gid + 8 * r < rows) slope2[r] = p.alibi_slopes[h0 + gid + 8 * r] * kLog2e;
+  }
+
+  float m_run[2] = {-FLT_MAX, -FLT_MAX};  // running max (log2 units), rows gid, gid + 8
+  float l_run[2] = {0.0f, 0.0f};          // running sum (this lane's columns)
+  float o[C::kNTiles][4];                 // O fragments, dims dim0 + nt * 8 + 2 tq (+1)
+#pragma unroll
+  for (int n = 0; n < C::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  // Shared-memory byte offsets (within a stage's K or V region) of this lane's
+  // ldmatrix rows (16-bit path).
+  uint32_t q_addr = 0, k_off = 0, k_tail_off = 0, v_off = 0;
+  // Element offsets of this lane's four tokens (f32 path).
+  int kf_off[2][2] = {{0, 0}, {0, 0}};
+  if constexpr (C::kMma) {
+    q_addr = SmemAddr(q_s) +
+             ((((lane >> 3) & 1) * 8 + (lane & 7)) * C::kQStride + (lane >> 4) * 8) * 2;
+    const int tk = slice_tok + (lane >> 4) * 8 + (lane & 7);
+    k_off = ((tk >> log2_bs) * page_elems + (((lane >> 3) & 1) * BS + (tk & (BS - 1))) * 8) * 2;
+    const int tk2 = slice_tok + ((lane >> 3) & 1) * 8 + (lane & 7);
+    k_tail_off = ((tk2 >> log2_bs) * page_elems + ((D / 8 - 1) * BS + (tk2 & (BS - 1))) * 8) * 2;
+    const int tv = slice_tok + ((lane >> 3) & 1) * 8;
+    v_off = ((tv >> log2_bs) * page_elems + (dim0 + (lane >> 4) * 8 + (lane & 7)) * BS +
+             (tv & (BS - 1))) * 2;
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tk = slice_tok + nt * 8 + 2 * tq + e;
+        kf_off[nt][e] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 4;
+      }
+  }
+
+  // ---- main loop over the partition's tiles -----------------------------------------
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int k = 0; k < ntiles; ++k) {
+    MbarWait(bar0 + 8 * stage, phase);
+    const uint32_t pages = mask_s[stage];
+    const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
+    const int tbase = tile_tok0 + slice_tok;  // this slice's first token
+    // Valid tokens of the slice: before L, in a page that was copied.
+    const int rem = L - tbase;
+    uint32_t smask = rem >= 16 ? 0xFFFFu : (rem <= 0 ? 0u : ((1u << rem) - 1u));
+    smask &= (((pages >> pg_lo) & 1u) ? 0x00FFu : 0u) | (((pages >> pg_hi) & 1u) ? 0xFF00u : 0u);
+
+    if (smask != 0u) {  // warp-uniform
+      const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
+      const uint32_t vbase = kbase + C::kTileElems * sizeof(T);
+      const unsigned char* kptr = smem + static_cast<size_t>(stage) * C::kStageBytes;
+      const unsigned char* vptr = kptr + C::kTileElems * sizeof(T);
+
+      // S fragments: s[nt][e] = q[row gid + 8 (e >> 1)] . k[token nt * 8 + 2 tq + (e & 1)]
+      float s[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      if constexpr (C::kMma) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t a[4], b[4];
+          Ldsm4(a, q_addr + ks * 32);
+          Ldsm4(b, kbase + k_off + ks * 32 * BS);
+          Mma16816<T>(s[0], a, b[0], b[1]);
+          Mma16816<T>(s[1], a, b[2], b[3]);
+        }
+        if constexpr (D % 16 == 8) {
+          uint32_t a[2], b[2];
+          Ldsm2(a, q_addr + (D / 16) * 32);
+          Ldsm2(b, kbase + k_tail_off);
+          Mma1688<T>(s[0], a, b[0]);
+          Mma1688<T>(s[1], a, b[1]);
+        }
+      } else {
+        const float* qf = reinterpret_cast<const float*>(q_s);
+        const float* kf = reinterpret_cast<const float*>(kptr);
+        auto qk = [&](auto two_rows) {
+#pragma unroll 4
+          for (int c = 0; c < D / 4; ++c) {
+            const float4 q0 = *reinterpret_cast<const float4*>(qf + gid * C::kQStride + c * 4);
+            float4 q1 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if constexpr (decltype(two_rows)::value)
+              q1 = *reinterpret_cast<const float4*>(qf + (gid + 8) * C::kQStride + c * 4);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float4 kv = *reinterpret_cast<const float4*>(kf + kf_off[nt][e] + c * BS * 4);
+                s[nt][e] = Dot4(q0, kv, s[nt][e]);
+                if constexpr (decltype(two_rows)::value) s[nt][2 + e] = Dot4(q1, kv, s[nt][2 + e]);
+              }
+          }
+        };
+        if (rows > 8)
+          qk(std::true_type{});
+        else
+          qk(std::false_type{});
+      }
+
+      // Online softmax (log2 domain) over this slice's 16 tokens.
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = nt * 8 + 2 * tq + (e & 1);
+          const int r = e >> 1;
+          float l = -INFINITY;
+          if ((smask >> j) & 1u)
+            l = fmaf(s[nt][e], scale2, slope2[r] * static_cast<float>(tbase + j - (L - 1)));
+          s[nt][e] = l;
+          mx[r] = fmaxf(mx[r], l);
+        }
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        alpha[r] = exp2f(m_run[r] - m_new);
+        m_run[r] = m_new;
+        l_run[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] - m_run[e >> 1]);
+#pragma unroll
+      for (int n = 0; n < C::kNTiles; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+
+      // O += P V.
+      if constexpr (C::kMma) {
+        uint32_t pa[4];  // A fragment of P (rows = heads, k = the slice's tokens)
+        pa[0] = PackPair<T>(s[0][0], s[0][1], &l_run[0]);
+        pa[1] = PackPair<T>(s[0][2], s[0][3], &l_run[1]);
+        pa[2] = PackPair<T>(s[1][0], s[1][1], &l_run[0]);
+        pa[3] = PackPair<T>(s[1][2], s[1][3], &l_run[1]);
+        const bool masked = smask != 0xFFFFu;
+        // V fragment b0 holds tokens 2tq, 2tq+1; b1 tokens 2tq+8, 2tq+9.
+        const uint32_t vm0 = (((smask >> (2 * tq)) & 1u) ? 0x0000FFFFu : 0u) |
+                             (((smask >> (2 * tq + 1)) & 1u) ? 0xFFFF0000u : 0u);
+        const uint32_t vm1 = (((smask >> (2 * tq + 8)) & 1u) ? 0x0000FFFFu : 0u) |
+                             (((smask >> (2 * tq + 9)) & 1u) ? 0xFFFF0000u : 0u);
+#pragma unroll
+        for (int np = 0; np < C::kNTiles / 2; ++np) {
+          uint32_t b[4];
+          Ldsm4(b, vbase + v_off + np * 32 * BS);
+          if (masked) {
+            b[0] &= vm0;
+            b[1] &= vm1;
+            b[2] &= vm0;
+            b[3] &= vm1;
+          }
+          Mma16816<T>(o[2 * np], pa, b[0], b[1]);
+          Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
+        }
+        if constexpr (C::kNTiles % 2 == 1) {
+          uint32_t b[2];
+          Ldsm2(b, vbase + v_off + (C::kNTiles / 2) * 32 * BS);
+          if (masked) {
+            b[0] &= vm0;
+            b[1] &= vm1;
+          }
+          Mma16816<T>(o[C::kNTiles - 1], pa, b[0], b[1]);
+        }
+      } else {
+        // Gather the slice's probabilities of rows gid, gid + 8 from the quad.
+        float pr[2][16];
+#pragma unroll
+        for (int src = 0; src < 4; ++src)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              pr[e >> 1][nt * 8 + 2 * src + (e & 1)] =
+                  __shfl_sync(0xffffffffu, s[nt][e], (lane & ~3) | src);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          l_run[0] += s[nt][0] + s[nt][1];
+          l_run[1] += s[nt][2] + s[nt][3];
+        }
+        const float* vf = reinterpret_cast<const float*>(vptr);
+        auto pv = [&](auto two_rows) {
+#pragma unroll
+          for (int j4 = 0; j4 < 4; ++j4) {
+            const uint32_t bits = (smask >> (4 * j4)) & 0xFu;
+            if (bits == 0u) continue;  // warp-uniform
+            const int tv = slice_tok + 4 * j4;
+            const float* vrow = vf + (tv >> log2_bs) * page_elems + (tv & (BS - 1));
+#pragma unroll
+            for (int n = 0; n < C::kNTiles; ++n) {
+              const int d = dim0 + n * 8 + 2 * tq;
+              float4 va = *reinterpret_cast<const float4*>(vrow + d * BS);
+              float4 vb = *reinterpret_cast<const float4*>(vrow + (d + 1) * BS);
+              if (bits != 0xFu) {  // zero masked tokens' values (NaN-safe)
+                va.x = (bits & 1u) ? va.x : 0.f;
+                va.y = (bits & 2u) ? va.y : 0.f;
+                va.z = (bits & 4u) ? va.z : 0.f;
+                va.w = (bits & 8u) ? va.w : 0.f;
+                vb.x = (bits & 1u) ? vb.x : 0.f;
+                vb.y = (bits & 2u) ? vb.y : 0.f;
+                vb.z = (bits & 4u) ? vb.z : 0.f;
+                vb.w = (bits & 8u) ? vb.w : 0.f;
+              }
+              const float4 p0 = make_float4(pr[0][4 * j4], pr[0][4 * j4 + 1], pr[0][4 * j4 + 2],
+                                            pr[0][4 * j4 + 3]);
+              o[n][0] = Dot4(p0, va, o[n][0]);
+              o[n][1] = Dot4(p0, vb, o[n][1]);
+              if constexpr (decltype(two_rows)::value) {
+                const float4 p1 = make_float4(pr[1][4 * j4], pr[1][4 * j4 + 1],
+                                              pr[1][4 * j4 + 2], pr[1][4 * j4 + 3]);
+                o[n][2] = Dot4(p1, va, o[n][2]);
+                o[n][3] = Dot4(p1, vb, o[n][3]);
+              }
+            }
+          }
+        };
+        if (rows > 8)
+          pv(std::true_type{});
+        else
+          pv(std::false_type{});
+      }
+    }
+
+    __syncthreads();  // every warp is done with this stage: refill it
+    if (warp == 0 && k + kStages < ntiles) {
+      issue(k + kStages, stage, next_entry);
+      next_entry = (k + kStages + 1 < ntiles) ? load_entry(k + kStages + 1) : -1;
+    }
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+
+  // ---- merge the slices (exact rescaling), normalise, write ---------------------------
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  if (dsub == 0 && tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ml_s[(slice * kMaxRows + gid + 8 * r) * 2] = m_run[r];
+      ml_s[(slice * kMaxRows + gid + 8 * r) * 2 + 1] = l_run[r];
+    }
+  }
+  __syncthreads();  // (the stages are free: every copy was consumed)
+  float* obuf = reinterpret_cast<float*>(smem);  // [kSlices][kMaxRows][D]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = gid + 8 * r;
+    float m_all = -FLT_MAX;
+#pragma unroll
+    for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + row) * 2]);
+    const float f = exp2f(m_run[r] - m_all);
+    float* dst = obuf + (slice * kMaxRows + row) * D + dim0 + 2 * tq;
+#pragma unroll
+    for (int n = 0; n < C::kNTiles; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * r] * f, o[n][2 * r + 1] * f);
+  }
+  __syncthreads();
+  for (int i = tid; i < rows * D; i += kThreads) {
+    const int r = i / D;
+    const int d = i - r * D;
+    float m_all = -FLT_MAX;
+#pragma unroll
+    for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + r) * 2]);
+    float l_all = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < C::kSlices; ++sl) {
+      l_all += ml_s[(sl * kMaxRows + r) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + r) * 2] - m_all);
+      acc += obuf[(sl * kMaxRows + r) * D + d];
+    }
+    const float val = acc / (l_all + 1e-6f);
+    const int64_t hrow = head_row0 + r;
+    if (direct_out) {
+      // V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6).
+      static_cast<T*>(p.out)[hrow * D + d] = FromFloat<T>(val * (l_all / (l_all + 1e-6f)));
+    } else {
+      p.tmp_out[(hrow * P + part) * D + d] = val;
+      if (d == 0) {
+        p.max_logits[hrow * P + part] = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;
+        p.exp_sums[hrow * P + part] = l_all;
+      }
+    }
+  }
+#endif  // JAX_PAGED_GROUPED_SM90
+}
+
+template <typename T, int HEAD_SIZE>
+cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
+                                   cudaStream_t stream) {
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), HEAD_SIZE>;
+  static std::atomic<bool> smem_configured[kMaxDevices];
+  static std::atomic<bool> carveout_set[kMaxDevices];
+  auto kernel = &GroupedAttentionKernel<T, HEAD_SIZE>;
+  if (cudaError_t err = EnsureSmemOptin(kernel, C::kSmemBytes, device, smem_configured);
+      err != cudaSuccess)
+    return err;
+  // All data goes through shared memory: prefer the largest carveout so that
+  // two CTAs fit per SM (a hint; failure is harmless).
+  if (device >= 0 && device < kMaxDevices && !carveout_set[device].load(std::memory_order_acquire)) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+      (void)cudaGetLastError();
+    carveout_set[device].store(true, std::memory_order_release);
+  }
+  const int group = p.num_heads / p.num_kv_heads;
+  const int group_chunks = (group + kMaxRows - 1) / kMaxRows;
+  const int heads_per_cta = (group + group_chunks - 1) / group_chunks;
+  const bool direct_out = p.max_num_partitions == 1;
+  for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
+    const int n = std::min(kMaxGridYZ, p.num_seqs - base);
+    kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
+             C::kSmemBytes, stream>>>(p, base, group_chunks, heads_per_cta, direct_out);
+    if (!direct_out)
+      PagedAttentionReduceKernel<T><<<dim3(p.num_heads, n), kAttnThreads, 0, stream>>>(p, base);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace grouped
+}  // namespace cuda
+}  // namespace jax_paged
+
+// Explicit instantiation for one dtype and head size (cuda/ffi/cuda_grouped_*.cu).
+#define JAX_PAGED_INSTANTIATE_GROUPED(T, H)                                            \
+  template cudaError_t jax_paged::cuda::grouped::LaunchGroupedAttention<T, H>(         \
+      const jax_paged::PagedAttentionParams&, int, cudaStream_t);

@@ -1,0 +1,85 @@
+// Host-visible part of the split-KV, GQA-grouped decode kernel
+// (impl="grouped"): its compile-time configuration (tile, pipeline depth,
+// shared-memory layout) and the launcher declaration. Framework-free; the
+// kernel itself is in grouped_attention.cuh, instantiated per dtype in
+// cuda/ffi/cuda_grouped_<dtype>.cu.
+//
+// Contract: exactly paged_attention_v2's (params.h, paged_attention.cuh):
+// grid (num_kv_heads * group_chunks, num_seqs, max_num_partitions), one CTA
+// per (KV head, sequence, partition) computing ALL query heads of its KV head
+// (up to kMaxRows; larger groups are split into group_chunks), so each K/V
+// page is read from HBM once per partition instead of once per query head.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "params.h"
+
+namespace jax_paged {
+namespace cuda {
+namespace grouped {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxRows = 16;   // query heads per CTA: the M of mma.m16n8k16
+constexpr int kMinBlockSize = 8;
+constexpr int kMaxBlockSize = 32;
+
+constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
+
+// ELEM: bytes of one cache element (2 for f16/bf16 -> tensor cores, 4 for
+// f32 -> CUDA cores). D: head size.
+template <int ELEM, int D>
+struct GroupedConfig {
+  static constexpr bool kMma = ELEM == 2;
+  static constexpr int kX = 16 / ELEM;  // K-layout x (16-byte chunks)
+  // Each warp owns a 16-token slice of a tile; for large heads two warps
+  // share a slice (both compute its 16x16 logits, each does half of P.V), so
+  // that the tile, the accumulators and the registers stay small.
+  static constexpr int kWarpsPerSlice = D >= 192 ? 2 : 1;
+  static constexpr int kSlices = kWarps / kWarpsPerSlice;
+  static constexpr int kTile = 16 * kSlices;  // tokens per pipeline stage (32 or 64)
+  static constexpr int kDimsPerWarp = D / kWarpsPerSlice;
+  static constexpr int kNTiles = kDimsPerWarp / 8;  // P.V n-tiles (8 dims) per warp
+  static_assert(D % 8 == 0 && kDimsPerWarp % 8 == 0, "head size must be a multiple of 8");
+  static_assert(kTile % kMaxBlockSize == 0, "a tile must hold whole pages");
+  static constexpr int kTileElems = kTile * D;  // elements of K (or of V) in one stage
+  static constexpr int kStageBytes = 2 * kTileElems * ELEM;
+  // ~100 KB of stages, 2..6 deep: every 16-bit head size then runs two CTAs
+  // per SM on Hopper (228 KB), which the Python partition rule assumes. (With
+  // a cap of 4, D=64 ran three CTAs per SM: 512 CTAs = 1.29 waves, 78% of copy
+  // bandwidth on the H200 against 98-103% for the two-per-SM head sizes.)
+  static constexpr int kStages = ClampInt(100 * 1024 / kStageBytes, 2, 6);
+  // Query rows in shared memory, padded so that ldmatrix rows (16-bit path)
+  // or float4 rows (f32 path) fall in different banks.
+  static constexpr int kQStride = kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4;  // elements
+  static constexpr int kQOff = kStages * kStageBytes;
+  static constexpr int kQBytes = RoundUp(kMaxRows * kQStride * ELEM, 16);
+  static constexpr int kMlOff = kQOff + kQBytes;  // [kSlices][kMaxRows][2] float (max, sum)
+  static constexpr int kMlBytes = kSlices * kMaxRows * 2 * 4;
+  static constexpr int kMaskOff = kMlOff + kMlBytes;  // [kStages] uint32 page-valid bits
+  static constexpr int kBarOff = RoundUp(kMaskOff + kStages * 4, 8);  // [kStages] mbarrier
+  static constexpr int kSmemBytes = kBarOff + kStages * 8;
+  // The final cross-slice combine reuses the stage buffers:
+  // [kSlices][kMaxRows][D] float.
+  static_assert(kSlices * kMaxRows * D * 4 <= kStages * kStageBytes, "combine buffer");
+};
+
+// Dynamic shared memory of one CTA (0 for an unsupported head size).
+size_t GroupedSmemBytes(ScalarKind kind, int head_size);
+
+// Launches the grouped kernel over the V2 workspace of `p` and, when
+// p.max_num_partitions > 1, the V2 reduce kernel (paged_attention.cuh);
+// with a single partition the kernel writes p.out directly. The caller has
+// checked shapes, block size (8, 16 or 32), alignment, the device (sm_90+)
+// and that GroupedSmemBytes fits. Returns cudaGetLastError().
+template <typename T, int HEAD_SIZE>
+cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device, cudaStream_t stream);
+
+}  // namespace grouped
+}  // namespace cuda
+}  // namespace jax_paged

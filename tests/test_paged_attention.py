@@ -47,8 +47,10 @@ def test_head_sizes(platform, head_size, dtype):
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (8, 4), (8, 2), (16, 2), (8, 1),
-                                                    (40, 8)])
+                                                    (40, 8), (24, 1), (34, 2)])
 def test_gqa_mqa(platform, num_heads, num_kv_heads):
+    """Groups of 1 to 24 query heads per KV head; groups larger than 16 are
+    split over several CTAs by the grouped CUDA kernel (24 = 2 x 12, 17 = 2 x 9)."""
     rng = np.random.default_rng(num_heads * 10 + num_kv_heads)
     inp = make_paged_inputs(rng, [3, 129, 520], num_heads, num_kv_heads, 64, 16, jnp.bfloat16)
     run_and_compare(platform, inp, jnp.bfloat16, "grouped")

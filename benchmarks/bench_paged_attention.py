@@ -22,6 +22,7 @@ PNG plot (``--png``) and, printed last, the tables. See benchmarks/README.md.
     python benchmarks/bench_paged_attention.py                  # defaults, on the GPU
     python benchmarks/bench_paged_attention.py --quick          # tiny CPU smoke run
     python benchmarks/bench_paged_attention.py --config 16,40,8,4096,128,32 --config ragged:64,32,8,4096
+    python benchmarks/bench_paged_attention.py --fp8 e4m3 --fp8 e5m2 --soft-cap 30 --window 1024
 
 Exit status: 0 when every jax_paged implementation (reference included) ran and
 matched the ground truth; 1 when one failed or mismatched (Pallas failures are
@@ -402,22 +403,32 @@ def make_sets(cfg: Config, plan: dict, args):
     return block(q), block(sets)
 
 
-def ground_truth(q, kc, vc, bt, sl, scale: float):
-    """Independent float32 paged attention: gather, mask, softmax, HIGHEST precision."""
+def ground_truth(q, kc, vc, bt, sl, scale: float, *, soft_cap=None, window=None, k_scale=None,
+                 v_scale=None):
+    """Independent float32 paged attention: gather, mask, softmax, HIGHEST precision (with the
+    optional soft cap, sliding window and per-tensor fp8 dequantisation scales)."""
     B, Hq, D = q.shape
     _, Hkv, _, bs, _ = kc.shape
     M = bt.shape[1]
     g = Hq // Hkv
     per_seq = M * bs * Hkv * D * 4 * 2
     chunk = int(max(1, min(B, (1 << 30) // max(per_seq, 1))))
+    ks = jnp.float32(1.0) if k_scale is None else jnp.asarray(k_scale, jnp.float32).reshape(())
+    vs = jnp.float32(1.0) if v_scale is None else jnp.asarray(v_scale, jnp.float32).reshape(())
 
     def one(kc, vc, a):
         qs, row, L = a
-        k = kc[row].transpose(0, 3, 1, 2, 4).reshape(M * bs, Hkv, D).astype(jnp.float32)
-        v = vc[row].transpose(0, 3, 1, 2).reshape(M * bs, Hkv, D).astype(jnp.float32)
+        k = kc[row].transpose(0, 3, 1, 2, 4).reshape(M * bs, Hkv, D).astype(jnp.float32) * ks
+        v = vc[row].transpose(0, 3, 1, 2).reshape(M * bs, Hkv, D).astype(jnp.float32) * vs
         qg = qs.reshape(Hkv, g, D).astype(jnp.float32)
         logits = jnp.einsum("kgd,tkd->kgt", qg, k, precision=lax.Precision.HIGHEST) * scale
-        logits = jnp.where(jnp.arange(M * bs)[None, None, :] < L, logits, -jnp.inf)
+        if soft_cap:
+            logits = soft_cap * jnp.tanh(logits / soft_cap)
+        t = jnp.arange(M * bs)[None, None, :]
+        keep = t < L
+        if window:
+            keep = keep & (t >= L - window)
+        logits = jnp.where(keep, logits, -jnp.inf)
         p = jax.nn.softmax(logits, axis=-1)
         o = jnp.einsum("kgt,tkd->kgd", p, v, precision=lax.Precision.HIGHEST)
         return o.reshape(Hq, D)
@@ -441,11 +452,46 @@ def compare(out, truth) -> dict:
 # ---------------------------------------------------------------------------
 # Implementations
 # ---------------------------------------------------------------------------
-def jax_paged_step(jp, impl: str, scale: float, partition_size: int):
+def jax_paged_step(jp, impl: str, scale: float, partition_size: int, **kwargs):
     def step(q, kc, vc, bt, sl):
         return jp.paged_attention(q, kc, vc, bt, sl, scale=scale, impl=impl,
-                                  partition_size=partition_size)
+                                  partition_size=partition_size, **kwargs)
     return step
+
+
+# ---------------------------------------------------------------------------
+# Feature variants (issue 6): fp8 caches, soft cap, sliding window
+# ---------------------------------------------------------------------------
+FP8_DTYPES = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
+
+
+def variant_list(args) -> list[tuple[str, str, str]]:
+    """(row name, impl, feature) for each --fp8 / --soft-cap / --window request."""
+    feats = [f"fp8{f}" for f in dict.fromkeys(args.fp8)]
+    if args.soft_cap:
+        feats.append("cap")
+    if args.window:
+        feats.append(f"win{args.window}")
+    return [(f"{impl}+{feat}", impl, feat) for feat in feats for impl in args.variant_impls]
+
+
+def quantise_sets(sets, fmt: str):
+    """fp8 copies of every set's caches with one per-tensor scale each for K and V
+    (amax of set 0 / the format's max), made once outside timing."""
+    dt = FP8_DTYPES[fmt]
+    fmax = float(jnp.finfo(dt).max)
+    ks = (jnp.max(jnp.abs(sets[0][0].astype(jnp.float32))) / fmax).astype(jnp.float32)
+    vs = (jnp.max(jnp.abs(sets[0][1].astype(jnp.float32))) / fmax).astype(jnp.float32)
+    x = 16
+    conv = jax.jit(lambda c, sc: jnp.clip(c.astype(jnp.float32) / sc, -fmax, fmax).astype(dt))
+    out = []
+    for kc, vc, bt, sl in sets:
+        n, h, dx, bs, xx = kc.shape
+        # Re-layout K for x = 16: [N, Hkv, D/x, bs, x] -> [N, Hkv, D/16, bs, 16].
+        k_lin = kc.transpose(0, 1, 3, 2, 4).reshape(n, h, bs, dx * xx)
+        k16 = k_lin.reshape(n, h, bs, (dx * xx) // x, x).transpose(0, 1, 3, 2, 4)
+        out.append((block(conv(k16, ks)), block(conv(vc, vs)), bt, sl))
+    return out, ks, vs
 
 
 def reference_step(jp, scale: float):
@@ -555,13 +601,17 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
     bar.update(1)
     tol = TOLERANCE[cfg.dtype]
 
-    def measure(name, step, step_sets, extra=None):
+    def measure(name, step, step_sets, extra=None, truth=truth, ref_out=ref_out,
+                kv_bytes=plan["kv_bytes"]):
         bar.set_description(f"{cfg.label}: {name}")
         r: dict[str, Any] = dict(extra or {})
+        unquantised = r.pop("unquantised_truth", None)
         try:
             fj = jax.jit(step)
             out = block(fj(q, *step_sets[0]))
             r.update(compare(out, truth))
+            if unquantised is not None:   # fp8: also the error against the unquantised data
+                r["rel_l2_err_vs_unquantised"] = compare(out, unquantised)["rel_l2_err"]
             if ref_out is not None:
                 r["max_abs_diff_vs_reference"] = float(
                     np.nanmax(np.abs(np.asarray(jnp.asarray(out, jnp.float32)) - ref_out)))
@@ -574,7 +624,8 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
                             **{k: v for k, v in tm.items() if k not in ("median_s", "samples_s", "method")})
             main = t.get("loop") or t.get("dispatch")
             r["us"] = main["median_s"] * 1e6
-            r["tbps"] = plan["kv_bytes"] / main["median_s"] / 1e12
+            r["kv_bytes"] = kv_bytes
+            r["tbps"] = kv_bytes / main["median_s"] / 1e12
             r["frac_copy"] = r["tbps"] / copy_tbps if copy_tbps else None
         except Exception as e:
             r["error"] = short_error(e)
@@ -596,6 +647,43 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
                                                             api_error=r["error"]))
             r = r2
         res["impls"]["reference"] = r
+
+    # Feature variants (issue 6): each checked against its own ground truth.
+    itemsize = jnp.dtype(DTYPES[cfg.dtype]).itemsize
+    fp8_sets = {}
+    for vname, impl, feat in variant_list(args):
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(variant=feat, impl=impl)
+        vsets, vbytes = sets, plan["kv_bytes"]
+        try:
+            if feat.startswith("fp8"):
+                fmt = feat[3:]
+                if fmt not in fp8_sets:
+                    fp8_sets[fmt] = quantise_sets(sets, fmt)
+                vsets, ks, vs = fp8_sets[fmt]
+                kwargs = dict(k_scale=ks, v_scale=vs)
+                vbytes = plan["kv_bytes"] // itemsize            # one byte per element
+                extra.update(k_scale=float(ks), v_scale=float(vs), unquantised_truth=truth)
+                vtruth = block(ground_truth(q, *vsets[0], scale, k_scale=ks, v_scale=vs))
+            elif feat == "cap":
+                kwargs = dict(soft_cap=args.soft_cap)
+                extra["soft_cap"] = args.soft_cap
+                vtruth = block(ground_truth(q, *sets[0], scale, soft_cap=args.soft_cap))
+            else:
+                kwargs = dict(sliding_window=args.window)
+                extra["sliding_window"] = args.window
+                # Bandwidth over the tokens inside the window (what the kernels read).
+                vbytes = int(np.minimum(plan["lens"], args.window).sum()) * (
+                    cfg.num_kv_heads * cfg.head_size * 2 * itemsize)
+                vtruth = block(ground_truth(q, *sets[0], scale, window=args.window))
+        except Exception as e:
+            res["impls"][vname] = dict(error="variant setup failed: " + short_error(e), **extra)
+            bar.update(1)
+            continue
+        res["impls"][vname] = measure(
+            vname, jax_paged_step(jp, impl, scale, args.partition_size, **kwargs), vsets,
+            extra, truth=vtruth, ref_out=None, kv_bytes=vbytes)
+    del fp8_sets
 
     # Pallas GPU kernel on the same data, converted once outside timing
     if not args.no_pallas:
@@ -711,7 +799,7 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     copy = meta["copy_bandwidth"].get("tbps")
     method = meta["args"]["method"]
     lines = []
-    hdr = (f"{'config':<24} {'impl':<10} {'us':>9} {'TB/s':>6} {'%copy':>6} {'xref':>6} "
+    hdr = (f"{'config':<24} {'impl':<14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'xref':>6} "
            f"{'xpallas':>7} {'xFI*':>6} {'max|err|':>9} {'rel err':>8} {'|d ref|':>8}  check")
     if method == "both":
         hdr = hdr.replace(f" {'TB/s':>6}", f" {'us(disp)':>9} {'TB/s':>6}")
@@ -733,12 +821,12 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
                 err = x.get("error", "not run")
                 if "rel_l2_err" in x:
                     err = f"(check {'ok' if x.get('ok') else 'MISMATCH'}) " + err
-                lines.append(f"{cfg_col:<24} {name:<10} ERROR {err[:150]}")
+                lines.append(f"{cfg_col:<24} {name:<14} ERROR {err[:150]}")
                 continue
             us = x["us"]
             ok = x.get("ok")
             check = "ok" if ok else ("!!! MISMATCH !!!" if x.get("finite", True) else "!!! NaN/Inf !!!")
-            row = (f"{cfg_col:<24} {name:<10} {us:9.1f} ")
+            row = (f"{cfg_col:<24} {name:<14} {us:9.1f} ")
             if method == "both":
                 row += f"{fmt(x.get('dispatch', {}).get('us'), '9.1f')} "
             row += (f"{fmt_bw(x['tbps'])} {fmt(100 * x['frac_copy'] if x.get('frac_copy') else None, '5.1f', '-')}% "
@@ -754,6 +842,12 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     lines.append("max|err|, rel err = max |out - truth|, ||out - truth|| / ||truth|| against an independent "
                  "float32 ground truth (flagged above " + ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
                  + "); |d ref| = max |out - jnp reference output|.")
+    if any("+" in n for n in impl_order):
+        lines.append("impl+fp8<fmt> / +cap / +win<W>: issue 6 feature rows (fp8 caches with per-tensor "
+                     "scales, logit soft cap, sliding window), checked against a ground truth with the "
+                     "same feature; TB/s counts the bytes actually read (fp8: 1 byte per element; window: "
+                     "the tokens inside it). JSON rel_l2_err_vs_unquantised: fp8 output vs the "
+                     "unquantised caches.")
     lines.append("")
     # Summary, one row per config.
     sh = (f"{'config':<24} {'kv MB':>8} {'auto us':>9} {'auto TB/s':>9} {'%copy':>6} {'best jax_paged':>20} "
@@ -763,7 +857,8 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     for r in results:
         imp = r["impls"]
         a = imp.get("auto", {})
-        cands = [(v["us"], k) for k, v in imp.items() if k not in ("reference", "pallas") and "us" in v]
+        cands = [(v["us"], k) for k, v in imp.items()
+                 if k not in ("reference", "pallas") and "+" not in k and "us" in v]
         best = min(cands) if cands else None
         best_s = (f"{best[1]} {fmt_bw(r['kv_bytes'] / best[0] / 1e6, 0)} TB/s") if best else "-"
         fi = (r.get("quoted") or {}).get("flashinfer")
@@ -881,6 +976,17 @@ def parse_args(argv=None):
                    help="caches smaller than this are replicated into several rotated input sets")
     p.add_argument("--max-sets", type=int, default=4)
     p.add_argument("--partition-size", type=int, default=512)
+    p.add_argument("--fp8", action="append", default=[], choices=sorted(FP8_DTYPES),
+                   help="also run the --variant-impls on fp8 copies of the caches (per-tensor "
+                        "scales; TB/s counts one byte per element) (repeatable)")
+    p.add_argument("--soft-cap", type=float, default=None,
+                   help="also run the --variant-impls with this logit soft cap")
+    p.add_argument("--window", type=int, default=None,
+                   help="also run the --variant-impls with this sliding window (TB/s counts the "
+                        "tokens inside the window)")
+    p.add_argument("--variant-impls", default="auto",
+                   help="comma-separated impls the --fp8 / --soft-cap / --window rows run "
+                        "(default: auto)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="default benchmarks/results/<date>-<device>.json "
                    "(with --quick: out/bench/<date>-<device>-quick.json)")
@@ -907,6 +1013,11 @@ def parse_args(argv=None):
     for item in args.impls:
         extra += [s.strip() for s in item.split(",") if s.strip()]
     args.extra_impls = [e for e in dict.fromkeys(extra) if e not in ("auto", "v1", "v2", "reference")]
+    args.variant_impls = [e.strip() for e in args.variant_impls.split(",") if e.strip()]
+    if args.soft_cap is not None and not args.soft_cap > 0:
+        p.error("--soft-cap must be positive")
+    if args.window is not None and args.window < 1:
+        p.error("--window must be at least 1")
     return p, args
 
 
@@ -944,9 +1055,11 @@ def main(argv=None) -> int:
             [e for e in args.extra_impls if e != "all"] + declared)
             if n not in ("auto", "v1", "v2", "reference")]
     impls = ["auto", "v1", "v2"] + args.extra_impls
-    impl_order = impls + ["reference", "pallas"]
+    variants = [v[0] for v in variant_list(args)]
+    impl_order = impls + variants + ["reference", "pallas"]
 
-    n_impl = len(impls) + (0 if args.no_reference else 1) + (0 if args.no_pallas else 1)
+    n_impl = (len(impls) + len(variants) + (0 if args.no_reference else 1)
+              + (0 if args.no_pallas else 1))
     bar = progress_bar(1 + len(configs) * (n_impl + 1), disable=args.no_progress)
     bar.set_description("copy bandwidth")
     copy = measure_copy_bandwidth(args)

@@ -10,6 +10,9 @@ import numpy as np
 import jax.numpy as jnp
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+# KV-cache-only dtypes: dequantised on read (value * scale), quantised on write.
+FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
+CACHE_DTYPES = FLOAT_DTYPES + FP8_DTYPES
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 MAX_HEAD_SIZE = 256
 
@@ -17,6 +20,10 @@ MAX_HEAD_SIZE = 256
 def x_for_dtype(dtype) -> int:
     """Elements per 16-byte chunk of the key-cache layout: ``16 // itemsize``."""
     return 16 // np.dtype(dtype).itemsize
+
+
+def is_fp8(dtype) -> bool:
+    return np.dtype(dtype) in FP8_DTYPES
 
 
 def _dt(a) -> np.dtype:
@@ -36,6 +43,8 @@ class AttentionDims:
     num_kv_heads: int
     block_size: int
     max_blocks_per_seq: int
+    q_len: int = 1               # new tokens per sequence (4-D query), 1 for decode
+    cache_dtype: np.dtype | None = None
 
     @property
     def capacity(self) -> int:
@@ -58,12 +67,18 @@ def _check_int32(name: str, a) -> None:
 
 def check_caches(key_cache, value_cache, *, num_kv_heads: int | None = None,
                  head_size: int | None = None, dtype=None) -> tuple[int, int, int, int]:
-    """Checks the paged cache pair; returns (num_blocks, num_kv_heads, head_size, block_size)."""
-    _check_float("key_cache", key_cache)
+    """Checks the paged cache pair; returns (num_blocks, num_kv_heads, head_size, block_size).
+
+    ``dtype`` (the query's or the keys') must equal the caches' dtype, unless
+    the caches are fp8 (float8_e4m3fn / float8_e5m2), which any float query
+    may read."""
+    if _dt(key_cache) not in CACHE_DTYPES:
+        raise TypeError(f"key_cache must be float32, float16, bfloat16, float8_e4m3fn or "
+                        f"float8_e5m2, got {_name(key_cache.dtype)}")
     if _dt(value_cache) != _dt(key_cache):
         raise TypeError(f"value_cache dtype {_name(value_cache.dtype)} differs from key_cache "
                         f"dtype {_name(key_cache.dtype)}")
-    if dtype is not None and _dt(key_cache) != np.dtype(dtype):
+    if dtype is not None and _dt(key_cache) != np.dtype(dtype) and not is_fp8(key_cache.dtype):
         raise TypeError(f"key_cache dtype {_name(key_cache.dtype)} differs from the "
                         f"query/key dtype {_name(dtype)}")
     x = x_for_dtype(key_cache.dtype)
@@ -86,8 +101,10 @@ def check_caches(key_cache, value_cache, *, num_kv_heads: int | None = None,
         raise ValueError(f"key_cache has {kv_heads} KV heads (shape[1]) but the keys have "
                          f"{num_kv_heads}")
     if head_size is not None and cache_head_size != head_size:
+        hint = (f" (fp8 caches need head_size to be a multiple of {x})"
+                if is_fp8(key_cache.dtype) and head_size % x else "")
         raise ValueError(f"key_cache head size (shape[2] * shape[4] = {cache_head_size}) "
-                         f"differs from head_size {head_size}")
+                         f"differs from head_size {head_size}{hint}")
     if kv_heads < 1:
         raise ValueError(f"key_cache must have at least one KV head, got {kv_heads}")
     return num_blocks, kv_heads, cache_head_size, block_size
@@ -99,20 +116,67 @@ def check_head_size(head_size: int) -> None:
                          f"got {head_size}")
 
 
+def check_scale(name: str, scale, num_kv_heads: int, cache_dtype) -> None:
+    """k_scale / v_scale: float32 of shape (), (1,) or (num_kv_heads,), for fp8 caches."""
+    if scale is None:
+        return
+    if not is_fp8(cache_dtype):
+        raise ValueError(f"{name} applies to float8 caches (float8_e4m3fn, float8_e5m2) only; "
+                         f"the caches are {_name(cache_dtype)}")
+    if _dt(scale) != np.float32:
+        raise TypeError(f"{name} must be float32, got {_name(scale.dtype)}")
+    if tuple(scale.shape) not in ((), (1,), (num_kv_heads,)):
+        raise ValueError(f"{name} must have shape (), (1,) or [num_kv_heads] = "
+                         f"({num_kv_heads},), got {tuple(scale.shape)}")
+
+
+def check_soft_cap(soft_cap) -> float:
+    """None (off) or a positive finite static number; returns it as a float (0.0 = off)."""
+    if soft_cap is None:
+        return 0.0
+    if isinstance(soft_cap, (bool, np.bool_)) or not isinstance(soft_cap, (int, float, np.integer,
+                                                                           np.floating)):
+        raise TypeError(f"soft_cap must be a static Python number or None, got "
+                        f"{type(soft_cap).__name__}")
+    value = float(soft_cap)
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"soft_cap must be positive and finite (None = off), got {soft_cap!r}")
+    return value
+
+
+def check_sliding_window(sliding_window) -> int:
+    """None (off) or a positive static int; returns it as an int (0 = off)."""
+    if sliding_window is None:
+        return 0
+    if isinstance(sliding_window, (bool, np.bool_)) or not isinstance(sliding_window,
+                                                                       (int, np.integer)):
+        raise TypeError(f"sliding_window must be a static Python int or None, got "
+                        f"{type(sliding_window).__name__}")
+    if not 0 < int(sliding_window) < 2 ** 31:
+        raise ValueError(f"sliding_window must be in [1, 2^31) (None = off), got "
+                         f"{sliding_window!r}")
+    return int(sliding_window)
+
+
 def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                          alibi_slopes=None) -> AttentionDims:
+                          alibi_slopes=None, k_scale=None, v_scale=None) -> AttentionDims:
     """Validates paged_attention operands (shapes and dtypes only)."""
     _check_float("query", query)
-    if query.ndim != 3:
-        raise ValueError(f"query must be [num_seqs, num_heads, head_size], got shape "
-                         f"{tuple(query.shape)}")
-    num_seqs, num_heads, head_size = query.shape
+    if query.ndim not in (3, 4):
+        raise ValueError(f"query must be [num_seqs, num_heads, head_size] or [num_seqs, q_len, "
+                         f"num_heads, head_size], got shape {tuple(query.shape)}")
+    if query.ndim == 4:
+        num_seqs, q_len, num_heads, head_size = query.shape
+        if q_len < 1:
+            raise ValueError(f"q_len (query.shape[1]) must be at least 1, got {q_len}")
+    else:
+        (num_seqs, num_heads, head_size), q_len = query.shape, 1
     check_head_size(head_size)
     num_blocks, num_kv_heads, _, block_size = check_caches(
         key_cache, value_cache, head_size=head_size, dtype=query.dtype)
     if num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_heads ({num_heads}, query.shape[1]) must be a multiple of "
-                         f"num_kv_heads ({num_kv_heads}, key_cache.shape[1])")
+        raise ValueError(f"num_heads ({num_heads}, query.shape[{query.ndim - 2}]) must be a "
+                         f"multiple of num_kv_heads ({num_kv_heads}, key_cache.shape[1])")
     _check_int32("block_tables", block_tables)
     if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables must be [num_seqs={num_seqs}, max_blocks_per_seq], "
@@ -127,11 +191,14 @@ def check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
         if tuple(alibi_slopes.shape) != (num_heads,):
             raise ValueError(f"alibi_slopes must be [num_heads] = ({num_heads},), got shape "
                              f"{tuple(alibi_slopes.shape)}")
+    check_scale("k_scale", k_scale, num_kv_heads, key_cache.dtype)
+    check_scale("v_scale", v_scale, num_kv_heads, key_cache.dtype)
     return AttentionDims(num_seqs, num_heads, head_size, num_blocks, num_kv_heads, block_size,
-                         block_tables.shape[1])
+                         block_tables.shape[1], q_len, _dt(key_cache))
 
 
-def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale=None,
+                            v_scale=None) -> None:
     _check_float("key", key)
     if key.ndim != 3:
         raise ValueError(f"key must be [num_tokens, num_kv_heads, head_size], got shape "
@@ -150,6 +217,8 @@ def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) ->
     if tuple(slot_mapping.shape) != (num_tokens,):
         raise ValueError(f"slot_mapping must be [num_tokens] = ({num_tokens},), got shape "
                          f"{tuple(slot_mapping.shape)}")
+    check_scale("k_scale", k_scale, num_kv_heads, key_cache.dtype)
+    check_scale("v_scale", v_scale, num_kv_heads, key_cache.dtype)
 
 
 def check_copy_blocks(key_cache, value_cache, block_mapping) -> None:

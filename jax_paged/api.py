@@ -17,98 +17,202 @@ ArrayLike = jax.typing.ArrayLike
 def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLike,
                     block_tables: ArrayLike, seq_lens: ArrayLike, *,
                     scale: float | None = None, alibi_slopes: ArrayLike | None = None,
-                    impl: str = "auto", partition_size: int = 512) -> jax.Array:
-    """One decode step of attention over a paged KV cache.
+                    impl: str = "auto", partition_size: int = 512,
+                    k_scale: ArrayLike | None = None, v_scale: ArrayLike | None = None,
+                    soft_cap: float | None = None, sliding_window: int | None = None,
+                    return_lse: bool = False):
+    """Attention of new queries over a paged KV cache (one decode step, or
+    ``q_len`` new tokens per sequence).
 
     Args:
       query: ``[num_seqs, num_heads, head_size]`` float32 / float16 / bfloat16,
-        one new query per sequence and head.
+        one new query per sequence and head; or ``[num_seqs, q_len, num_heads,
+        head_size]``: the sequence's last ``q_len`` tokens (already written
+        into the cache), with a causal mask among them: query row ``i`` sits at
+        position ``L - q_len + i`` and attends tokens ``t <= L - q_len + i``
+        (speculative-decoding verification, chunked prefill). Rows with no
+        token to attend (``L - q_len + i < 0``) give zeros.
       key_cache: ``[num_blocks, num_kv_heads, head_size // x, block_size, x]``,
-        ``x = 16 // itemsize`` (the query's dtype).
-      value_cache: ``[num_blocks, num_kv_heads, head_size, block_size]``.
+        ``x = 16 // itemsize`` of the cache dtype: the query's dtype, or
+        float8_e4m3fn / float8_e5m2 (``x = 16``; dequantised as ``value *
+        k_scale``).
+      value_cache: ``[num_blocks, num_kv_heads, head_size, block_size]``, the
+        key cache's dtype.
       block_tables: int32 ``[num_seqs, max_blocks_per_seq]``; logical block
         ``t // block_size`` of sequence ``s`` lives in physical block
         ``block_tables[s, t // block_size]``. Entries past a sequence's last
-        block are never read (-1 padding is fine); ids outside
-        ``[0, num_blocks)`` inside the used range are masked, never read.
+        block, and with a sliding window those of blocks wholly before it, are
+        never read (-1 padding is fine); ids outside ``[0, num_blocks)``
+        inside the used range are masked, never read.
       seq_lens: int32 ``[num_seqs]``; clamped to ``[0, max_blocks_per_seq *
         block_size]``. A length of 0 gives zeros.
       scale: softmax scale; default ``1 / sqrt(head_size)``.
-      alibi_slopes: optional float32 ``[num_heads]``; adds
-        ``slope[h] * (t - (seq_len - 1))`` to the logits.
+      alibi_slopes: optional float32 ``[num_heads]``; adds ``slope[h] * (t -
+        pos)`` to the logits, ``pos`` the query's own position (``L - 1`` for
+        a decode query, ``L - q_len + i`` for row ``i``).
       impl: "auto" (per platform), "v1" (one pass over the context), "v2"
-        (partitions of ``partition_size`` tokens merged exactly) or
-        "reference" (pure jax.numpy).
+        (partitions of ``partition_size`` tokens merged exactly), "grouped"
+        (split-KV, all query heads of a KV head together; calls using fp8
+        caches, soft cap, sliding window, LSE or multi-token queries run "v2"
+        on the GPU) or "reference" (pure jax.numpy).
       partition_size: V2 partition length, a multiple of ``block_size``.
+      k_scale, v_scale: dequantisation scales of fp8 caches: traced float32
+        arrays (they may change without recompiling) of shape ``()`` or
+        ``(1,)`` (per tensor) or ``[num_kv_heads]`` (per KV head); None means
+        1. Only for fp8 caches (an error otherwise).
+      soft_cap: static float ``c > 0``: ``logit = c * tanh(logit / c)``, after
+        scale and ALiBi, before masking and softmax (Gemma 2, Grok). None: off.
+      sliding_window: static int ``w >= 1``: each query attends only its last
+        ``w`` tokens (``t >= pos - w + 1``; for a decode query ``t >= L - w``).
+        Blocks wholly outside the window are not read. None: off.
+      return_lse: also return the log-sum-exp of the logits per (sequence,
+        [position,] head), float32 ``[num_seqs, num_heads]`` (``[num_seqs,
+        q_len, num_heads]`` for 4-D queries), ``-inf`` where nothing is
+        attended. Defined with the output's normalisation (``lse = max +
+        log(sum + 1e-6)``), so :func:`merge_attention_states` combines partial
+        results (e.g. a shared prefix and each sequence's own suffix) exactly.
 
     Returns:
-      ``[num_seqs, num_heads, head_size]`` in the query's dtype. Query head
-      ``h`` attends KV head ``h // (num_heads // num_kv_heads)``.
+      ``out`` in the query's shape and dtype, or ``(out, lse)`` with
+      ``return_lse=True``. Query head ``h`` attends KV head ``h // (num_heads
+      // num_kv_heads)``. Differentiable w.r.t. the query, the caches, the
+      ALiBi slopes and the scales (the backward pass differentiates the
+      reference).
     """
     if impl not in primitives.IMPLS:
         raise ValueError(f"impl must be one of {primitives.IMPLS}, got {impl!r}")
     if impl == "reference":
         return reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                          scale=scale, alibi_slopes=alibi_slopes,
-                                         partition_size=partition_size)
+                                         partition_size=partition_size, k_scale=k_scale,
+                                         v_scale=v_scale, soft_cap=soft_cap,
+                                         sliding_window=sliding_window, return_lse=return_lse)
     query, key_cache, value_cache, block_tables, seq_lens = map(
         jnp.asarray, (query, key_cache, value_cache, block_tables, seq_lens))
-    alibi = (jnp.zeros((0,), jnp.float32) if alibi_slopes is None
-             else jnp.asarray(alibi_slopes))
+    alibi, k_scale, v_scale = (None if a is None else jnp.asarray(a)
+                               for a in (alibi_slopes, k_scale, v_scale))
     dims = _shapes.check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                                         alibi if alibi_slopes is not None else None)
+                                         alibi, k_scale, v_scale)
     _shapes.check_partition_size(partition_size, dims.block_size)
+    soft_cap = _shapes.check_soft_cap(soft_cap)
+    sliding_window = _shapes.check_sliding_window(sliding_window)
     scale = float(dims.head_size ** -0.5 if scale is None else scale)
-    return _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi,
-                                     scale, impl, int(partition_size))
+    empty = jnp.zeros((0,), jnp.float32)
+    alibi = empty if alibi is None else alibi
+    k_scale = empty if k_scale is None else k_scale.reshape(-1)
+    v_scale = empty if v_scale is None else v_scale.reshape(-1)
+    results = _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                                        alibi, k_scale, v_scale, scale, impl, int(partition_size),
+                                        soft_cap, sliding_window, bool(return_lse))
+    return tuple(results) if return_lse else results[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11, 12, 13))
 def _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi,
-                              scale, impl, partition_size):
-    return primitives.paged_attention_p.bind(
-        query, key_cache, value_cache, block_tables, seq_lens, alibi, scale=scale, impl=impl,
-        partition_size=partition_size)
+                              k_scale, v_scale, scale, impl, partition_size, soft_cap,
+                              sliding_window, return_lse):
+    return tuple(primitives.paged_attention_p.bind(
+        query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale,
+        scale=scale, impl=impl, partition_size=partition_size, soft_cap=soft_cap,
+        sliding_window=sliding_window, return_lse=return_lse))
 
 
-def _attention_fwd(query, key_cache, value_cache, block_tables, seq_lens, alibi, scale, impl,
-                   partition_size):
+def _attention_fwd(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
+                   v_scale, scale, impl, partition_size, soft_cap, sliding_window, return_lse):
     out = _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi,
-                                    scale, impl, partition_size)
-    return out, (query, key_cache, value_cache, block_tables, seq_lens, alibi)
+                                    k_scale, v_scale, scale, impl, partition_size, soft_cap,
+                                    sliding_window, return_lse)
+    return out, (query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale)
 
 
-def _attention_bwd(scale, impl, partition_size, residuals, out_grad):
+def _attention_bwd(scale, impl, partition_size, soft_cap, sliding_window, return_lse, residuals,
+                   out_grad):
     # The backward pass differentiates the reference (same semantics): it
     # recomputes the forward in jnp, which is fine for fine-tuning-sized use.
-    query, key_cache, value_cache, block_tables, seq_lens, alibi = residuals
+    query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale = residuals
+    optional = lambda a: a if a.shape[0] else None  # noqa: E731
 
-    def forward(query, key_cache, value_cache, alibi):
-        return reference.paged_attention(
+    def forward(query, key_cache, value_cache, alibi, k_scale, v_scale):
+        result = reference.paged_attention(
             query, key_cache, value_cache, block_tables, seq_lens, scale=scale,
-            alibi_slopes=alibi if alibi.shape[0] else None)
+            alibi_slopes=optional(alibi), k_scale=optional(k_scale), v_scale=optional(v_scale),
+            soft_cap=soft_cap or None, sliding_window=sliding_window or None,
+            return_lse=return_lse)
+        return tuple(result) if return_lse else (result,)
 
-    _, vjp = jax.vjp(forward, query, key_cache, value_cache, alibi)
-    d_query, d_key_cache, d_value_cache, d_alibi = vjp(out_grad)
-    return d_query, d_key_cache, d_value_cache, None, None, d_alibi
+    _, vjp = jax.vjp(forward, query, key_cache, value_cache, alibi, k_scale, v_scale)
+    d_query, d_key_cache, d_value_cache, d_alibi, d_k_scale, d_v_scale = vjp(tuple(out_grad))
+    return (d_query, d_key_cache, d_value_cache, None, None, d_alibi, d_k_scale, d_v_scale)
 
 
 _differentiable_attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def merge_attention_states(o1: ArrayLike, lse1: ArrayLike, o2: ArrayLike, lse2: ArrayLike
+                           ) -> tuple[jax.Array, jax.Array]:
+    """Combines two partial attention results over disjoint token sets exactly.
+
+    ``(o1, lse1)`` and ``(o2, lse2)`` are :func:`paged_attention` results with
+    ``return_lse=True`` for the same queries over two disjoint parts of the
+    context (e.g. a shared prefix and each sequence's own suffix). Returns
+    ``(o, lse)`` of attention over the union:
+
+        M = max(lse1, lse2);  w_i = exp(lse_i - M)
+        o = (w1 * o1 + w2 * o2) / (w1 + w2);  lse = M + log(w1 + w2)
+
+    computed in float32 (numerically stable; ``o`` in ``o1``'s dtype). An
+    empty part (``lse = -inf``) has weight 0: merging with it returns the
+    other result unchanged (and NaN in its ``o`` is ignored); two empty parts
+    give zeros and ``-inf``.
+
+    Args:
+      o1, o2: ``[..., head_size]`` of one shape.
+      lse1, lse2: ``o1.shape[:-1]``, float.
+    """
+    o1, lse1, o2, lse2 = map(jnp.asarray, (o1, lse1, o2, lse2))
+    if o1.shape != o2.shape:
+        raise ValueError(f"o1 and o2 must have one shape, got {tuple(o1.shape)} and "
+                         f"{tuple(o2.shape)}")
+    for name, lse in (("lse1", lse1), ("lse2", lse2)):
+        if tuple(lse.shape) != tuple(o1.shape[:-1]):
+            raise ValueError(f"{name} must have shape o1.shape[:-1] = {tuple(o1.shape[:-1])}, "
+                             f"got {tuple(lse.shape)}")
+        if not jnp.issubdtype(lse.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a float array, got {lse.dtype}")
+    lse1 = lse1.astype(jnp.float32)
+    lse2 = lse2.astype(jnp.float32)
+    m = jnp.maximum(lse1, lse2)
+    m = jnp.where(jnp.isneginf(m), 0.0, m)           # both empty: any finite shift
+    w1 = jnp.exp(lse1 - m)                           # exp(-inf) = 0 for an empty part
+    w2 = jnp.exp(lse2 - m)
+    total = w1 + w2
+    part1 = jnp.where((w1 > 0)[..., None], o1.astype(jnp.float32) * w1[..., None], 0.0)
+    part2 = jnp.where((w2 > 0)[..., None], o2.astype(jnp.float32) * w2[..., None], 0.0)
+    o = (part1 + part2) / jnp.where(total > 0, total, 1.0)[..., None]
+    lse = jnp.where(total > 0, m + jnp.log(jnp.where(total > 0, total, 1.0)), -jnp.inf)
+    return o.astype(o1.dtype), lse
+
+
 def reshape_and_cache(key: ArrayLike, value: ArrayLike, key_cache: ArrayLike,
-                      value_cache: ArrayLike, slot_mapping: ArrayLike
+                      value_cache: ArrayLike, slot_mapping: ArrayLike, *,
+                      k_scale: ArrayLike | None = None, v_scale: ArrayLike | None = None
                       ) -> tuple[jax.Array, jax.Array]:
     """Writes new tokens' keys and values into the paged cache.
 
     Args:
-      key, value: ``[num_tokens, num_kv_heads, head_size]``, the caches' dtype.
+      key, value: ``[num_tokens, num_kv_heads, head_size]``, the caches' dtype
+        (any of float32 / float16 / bfloat16 for fp8 caches).
       key_cache, value_cache: the paged caches (layouts as in
         :func:`paged_attention`).
       slot_mapping: int32 ``[num_tokens]``; token ``i`` goes to block
         ``slot // block_size`` at offset ``slot % block_size``. Slots < 0 or
         >= ``num_blocks * block_size`` are skipped (nothing outside the cache
         is ever written).
+      k_scale, v_scale: fp8 caches only: traced float32 scales of shape
+        ``()``, ``(1,)`` or ``[num_kv_heads]`` (None = 1). The cache stores
+        ``value / scale`` rounded to nearest even and saturated to the
+        format's largest finite value (448 for float8_e4m3fn, 57344 for
+        float8_e5m2); use the same scales in :func:`paged_attention`.
 
     Returns:
       The updated ``(key_cache, value_cache)``. Under
@@ -116,8 +220,12 @@ def reshape_and_cache(key: ArrayLike, value: ArrayLike, key_cache: ArrayLike,
       happens in place, with no copy of the cache.
     """
     args = tuple(map(jnp.asarray, (key, value, key_cache, value_cache, slot_mapping)))
-    _shapes.check_reshape_and_cache(*args)
-    kc, vc = primitives.reshape_and_cache_p.bind(*args)
+    k_scale, v_scale = (None if a is None else jnp.asarray(a) for a in (k_scale, v_scale))
+    _shapes.check_reshape_and_cache(*args, k_scale, v_scale)
+    empty = jnp.zeros((0,), jnp.float32)
+    k_scale = empty if k_scale is None else k_scale.reshape(-1)
+    v_scale = empty if v_scale is None else v_scale.reshape(-1)
+    kc, vc = primitives.reshape_and_cache_p.bind(*args, k_scale, v_scale)
     return kc, vc
 
 

@@ -84,84 +84,168 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims) -> int:
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)
 
 
+def _context_tokens(dims: _shapes.AttentionDims, sliding_window: int) -> int:
+    """Tokens one query row can attend at most (the table's capacity, or the
+    blocks a sliding window can touch)."""
+    if not sliding_window:
+        return dims.capacity
+    window_blocks = -(-sliding_window // dims.block_size) + 1
+    return min(dims.capacity, window_blocks * dims.block_size)
+
+
 def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
-                 partition_size: int) -> str:
-    """Turns "auto" into "v1" or "v2" for a platform; shapes are static, so the
-    choice is made once at trace time (no data-dependent branch on device)."""
+                 partition_size: int, sliding_window: int = 0, extended: bool = False) -> str:
+    """Turns "auto" into "grouped", "v1" or "v2" for a platform; shapes are
+    static, so the choice is made once at trace time (no data-dependent
+    branch on device). ``extended``: the call uses a feature the grouped CUDA
+    kernel lacks (see uses_extensions), so CUDA picks between V1 and V2."""
     if impl != "auto":
         return impl
-    if platform == "cuda":
+    if platform == "cuda" and not extended:
         # The split-KV grouped kernel reads each page once per KV head and
         # sizes its split to the GPU; it beat V1 and V2 on every measured
         # configuration (BENCHMARKS.md).
         return "grouped"
-    if dims.num_partitions(partition_size) == 1:
+    context = _context_tokens(dims, sliding_window)
+    if max(1, -(-context // partition_size)) == 1:
         return "v1"
+    if platform == "cuda":
+        # Crossover measured on the H200 (BENCHMARKS.md, "Classic V1 vs V2"):
+        # V1 only for short contexts over a large grid; vLLM 0.6.0's wider
+        # rule (V1 up to 8192 tokens) was 7% slower at 64 x 32 heads x 4k.
+        if context <= 2048 and dims.num_seqs * dims.q_len * dims.num_heads >= 1024:
+            return "v1"
+        return "v2"
     # CPU: one V1 work item per (sequence, KV head); split the context only
     # when that leaves cores idle.
     return "v2" if dims.num_seqs * dims.num_kv_heads < _cpu_threads() else "v1"
+
+
+def uses_extensions(dims: _shapes.AttentionDims, *, k_scale=None, v_scale=None,
+                    soft_cap: float = 0.0, sliding_window: int = 0,
+                    return_lse: bool = False) -> bool:
+    """True when a call needs a feature of the classic V1/V2 kernels that the
+    CUDA grouped kernel lacks (fp8 caches, scales, soft cap, sliding window,
+    LSE output, multi-token queries): impl="grouped" then runs classic V2."""
+    fp8 = dims.cache_dtype is not None and _shapes.is_fp8(dims.cache_dtype)
+    has_scale = k_scale is not None or v_scale is not None
+    return bool(fp8 or has_scale or soft_cap or sliding_window or return_lse or dims.q_len > 1)
 
 
 # --------------------------------------------------------------------------
 # paged_attention
 # --------------------------------------------------------------------------
 
+# Operands: query, key_cache, value_cache, block_tables, seq_lens, alibi
+# ([num_heads] or [0] = none), k_scale, v_scale ([1], [num_kv_heads] or [0] =
+# none). Params: scale, impl, partition_size, soft_cap (0.0 = off),
+# sliding_window (0 = off), return_lse. Results: [out] or [out, lse].
 paged_attention_p = Primitive("jax_paged_attention")
+paged_attention_p.multiple_results = True
 
 
-def _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi):
+def _optional(a):
+    return a if a.shape[0] else None
+
+
+def _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
+                    v_scale):
     return _shapes.check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                                         alibi if alibi.shape[0] else None)
+                                         _optional(alibi), _optional(k_scale), _optional(v_scale))
 
 
-def _attention_abstract(query, key_cache, value_cache, block_tables, seq_lens, alibi, *,
-                        scale, impl, partition_size):
-    dims = _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi)
+def _lse_shape(query):
+    return query.shape[:-1]
+
+
+def _attention_abstract(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
+                        v_scale, *, scale, impl, partition_size, soft_cap, sliding_window,
+                        return_lse):
+    dims = _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
+                           v_scale)
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     _shapes.check_partition_size(partition_size, dims.block_size)
-    return ShapedArray(query.shape, query.dtype)
+    _shapes.check_soft_cap(soft_cap or None)
+    _shapes.check_sliding_window(sliding_window or None)
+    out = [ShapedArray(query.shape, query.dtype)]
+    if return_lse:
+        out.append(ShapedArray(_lse_shape(query), jnp.float32))
+    return out
 
 
-def _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, alibi, *,
-                         scale, impl, partition_size):
-    return reference.paged_attention(
+def _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
+                         v_scale, *, scale, impl, partition_size, soft_cap, sliding_window,
+                         return_lse):
+    result = reference.paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, scale=scale,
-        alibi_slopes=alibi if alibi.shape[0] else None, impl=impl,
-        partition_size=partition_size)
+        alibi_slopes=_optional(alibi), impl=impl, partition_size=partition_size,
+        k_scale=_optional(k_scale), v_scale=_optional(v_scale), soft_cap=soft_cap or None,
+        sliding_window=sliding_window or None, return_lse=return_lse)
+    return list(result) if return_lse else [result]
 
 
-def _attention_native(platform, query, key_cache, value_cache, block_tables, seq_lens, alibi, *,
-                      scale, impl, partition_size):
-    dims = _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi)
+def _attention_native(platform, query, key_cache, value_cache, block_tables, seq_lens, alibi,
+                      k_scale, v_scale, *, scale, impl, partition_size, soft_cap, sliding_window,
+                      return_lse):
+    dims = _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
+                           v_scale)
     if platform == "cuda" and dims.head_size not in CUDA_HEAD_SIZES:
         raise ValueError(f"the CUDA kernels support head_size in {CUDA_HEAD_SIZES}, got "
                          f"{dims.head_size} (use impl='reference' or pad the heads)")
-    impl = resolve_impl(impl, platform, dims, partition_size)
+    extended = uses_extensions(dims, k_scale=_optional(k_scale), v_scale=_optional(v_scale),
+                               soft_cap=soft_cap, sliding_window=sliding_window,
+                               return_lse=return_lse)
+    impl = resolve_impl(impl, platform, dims, partition_size, sliding_window, extended)
+    params = dict(scale=scale, impl=impl, partition_size=partition_size, soft_cap=soft_cap,
+                  sliding_window=sliding_window, return_lse=return_lse)
     if impl == "reference":
         return _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, alibi,
-                                    scale=scale, impl="v1", partition_size=partition_size)
-    operands = (query, key_cache, value_cache, block_tables, seq_lens, alibi)
+                                    k_scale, v_scale, **dict(params, impl="v1"))
     out_type = jax.ShapeDtypeStruct(query.shape, query.dtype)
-    if impl == "v1":
-        return jax.ffi.ffi_call("jax_paged_attention_v1", out_type)(
-            *operands, **ffi_attrs(scale=scale))
-    target = "jax_paged_attention_v2"
     if impl == "grouped":
-        # Split-KV with all query heads of a KV head in one CTA: V2's contract
-        # with a partition size sized to the machine. The CPU V2 kernel is
-        # already grouped, so only CUDA has a separate kernel.
-        partition_size = grouped_partition_size(platform, dims)
-        if platform == "cuda":
-            target = "jax_paged_attention_grouped"
-    parts = dims.num_partitions(partition_size)
-    rows = (dims.num_seqs, dims.num_heads, parts)
-    workspace = (jax.ShapeDtypeStruct(rows, jnp.float32),                     # exp_sums
-                 jax.ShapeDtypeStruct(rows, jnp.float32),                     # max_logits
-                 jax.ShapeDtypeStruct(rows + (dims.head_size,), jnp.float32))  # tmp_out
-    results = jax.ffi.ffi_call(target, (out_type,) + workspace)(
-        *operands, **ffi_attrs(scale=scale, partition_size=partition_size))
-    return results[0]
+        if platform == "cuda" and extended:
+            # The grouped CUDA kernel lacks these features: run classic V2
+            # (with the caller's partition size), never a kernel that would
+            # ignore them.
+            impl = "v2"
+        else:
+            # Split-KV with all query heads of a KV head in one CTA: V2's
+            # contract with a partition size sized to the machine. The CPU V2
+            # kernel is already grouped, so only CUDA has a separate kernel.
+            partition_size = grouped_partition_size(platform, dims)
+            if platform == "cuda":
+                # The grouped target takes the seed's 3-D query (a 4-D query
+                # here has q_len == 1).
+                query3 = query.reshape(dims.num_seqs, dims.num_heads, dims.head_size)
+                parts = dims.num_partitions(partition_size)
+                rows = (dims.num_seqs, dims.num_heads, parts)
+                workspace = (jax.ShapeDtypeStruct(rows, jnp.float32),
+                             jax.ShapeDtypeStruct(rows, jnp.float32),
+                             jax.ShapeDtypeStruct(rows + (dims.head_size,), jnp.float32))
+                results = jax.ffi.ffi_call(
+                    "jax_paged_attention_grouped",
+                    (jax.ShapeDtypeStruct(query3.shape, query.dtype),) + workspace)(
+                    query3, key_cache, value_cache, block_tables, seq_lens, alibi,
+                    **ffi_attrs(scale=scale, partition_size=partition_size))
+                return [results[0].reshape(query.shape)]
+            impl = "v2"
+    # Classic V1 / V2 (and the CPU's grouped): the extended FFI contract.
+    operands = (query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale)
+    lse_type = jax.ShapeDtypeStruct(_lse_shape(query) if return_lse else (0,), jnp.float32)
+    attrs = dict(scale=scale, soft_cap=float(soft_cap), sliding_window=int(sliding_window))
+    if impl == "v1":
+        results = jax.ffi.ffi_call("jax_paged_attention_v1", (out_type, lse_type))(
+            *operands, **ffi_attrs(**attrs))
+    else:
+        parts = dims.num_partitions(partition_size)
+        rows = (dims.num_seqs, dims.q_len, dims.num_heads, parts)
+        workspace = (jax.ShapeDtypeStruct(rows, jnp.float32),                     # exp_sums
+                     jax.ShapeDtypeStruct(rows, jnp.float32),                     # max_logits
+                     jax.ShapeDtypeStruct(rows + (dims.head_size,), jnp.float32))  # tmp_out
+        results = jax.ffi.ffi_call("jax_paged_attention_v2", (out_type, lse_type) + workspace)(
+            *operands, **ffi_attrs(partition_size=partition_size, **attrs))
+    return [results[0], results[1]] if return_lse else [results[0]]
 
 
 def _move_batch(x, bdim, size):
@@ -190,14 +274,16 @@ def _batch_size(args, dims):
 
 
 def _attention_batch(args, dims, **params):
-    query, key_cache, value_cache, block_tables, seq_lens, alibi = args
+    query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale = args
     n = _batch_size(args, dims)
-    q_d, kc_d, vc_d, bt_d, sl_d, al_d = dims
-    if al_d is not NOT_MAPPED:
-        # Per-element ALiBi slopes cannot be folded into the sequence axis.
+    q_d, kc_d, vc_d, bt_d, sl_d, al_d, ks_d, vs_d = dims
+    n_out = 2 if params["return_lse"] else 1
+    if any(d is not NOT_MAPPED for d in (al_d, ks_d, vs_d)):
+        # Per-element ALiBi slopes or scales cannot be folded into the
+        # sequence axis: one call per element.
         moved = [_move_batch(a, d, n) for a, d in zip(args, dims)]
-        out = jax.lax.map(lambda xs: paged_attention_p.bind(*xs, **params), moved)
-        return out, 0
+        outs = jax.lax.map(lambda xs: paged_attention_p.bind(*xs, **params), moved)
+        return list(outs), [0] * n_out
     query = _move_batch(query, q_d, n)
     block_tables = _move_batch(block_tables, bt_d, n)
     seq_lens = _move_batch(seq_lens, sl_d, n)
@@ -210,11 +296,11 @@ def _attention_batch(args, dims, **params):
         key_cache = key_cache.reshape((n * num_blocks,) + key_cache.shape[2:])
         value_cache = value_cache.reshape((n * num_blocks,) + value_cache.shape[2:])
     s = query.shape[1]
-    out = paged_attention_p.bind(
+    outs = paged_attention_p.bind(
         query.reshape((n * s,) + query.shape[2:]), key_cache, value_cache,
         block_tables.reshape((n * s,) + block_tables.shape[2:]), seq_lens.reshape(n * s), alibi,
-        **params)
-    return out.reshape((n, s) + out.shape[1:]), 0
+        k_scale, v_scale, **params)
+    return [o.reshape((n, s) + o.shape[1:]) for o in outs], [0] * n_out
 
 
 # --------------------------------------------------------------------------
@@ -232,21 +318,26 @@ def _cache_avals(key_cache, value_cache):
             ShapedArray(value_cache.shape, value_cache.dtype)]
 
 
-def _write_abstract(key, value, key_cache, value_cache, slot_mapping):
-    _shapes.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+# Operands: key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale
+# ([1], [num_kv_heads] or [0] = none; fp8 caches only).
+def _write_abstract(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+    _shapes.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                    _optional(k_scale), _optional(v_scale))
     return _cache_avals(key_cache, value_cache)
 
 
-def _write_native(platform, key, value, key_cache, value_cache, slot_mapping):
+def _write_native(platform, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
     out_types = (jax.ShapeDtypeStruct(key_cache.shape, key_cache.dtype),
                  jax.ShapeDtypeStruct(value_cache.shape, value_cache.dtype))
     return jax.ffi.ffi_call("jax_paged_reshape_and_cache", out_types,
                             input_output_aliases={2: 0, 3: 1})(
-        key, value, key_cache, value_cache, slot_mapping)
+        key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
 
-def _write_reference(key, value, key_cache, value_cache, slot_mapping):
-    return list(reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping))
+def _write_reference(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+    return list(reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                            k_scale=_optional(k_scale),
+                                            v_scale=_optional(v_scale)))
 
 
 def _fold_caches(key_cache, value_cache):
@@ -257,15 +348,22 @@ def _fold_caches(key_cache, value_cache):
 
 def _write_batch(args, dims):
     n = _batch_size(args, dims)
+    if dims[5] is not NOT_MAPPED or dims[6] is not NOT_MAPPED:
+        # Per-element scales: one call per element.
+        moved = [_move_batch(a, d, n) for a, d in zip(args, dims)]
+        outs = jax.lax.map(lambda xs: reshape_and_cache_p.bind(*xs), moved)
+        return list(outs), [0, 0]
+    k_scale, v_scale = args[5:]
     key, value, key_cache, value_cache, slot_mapping = (
-        _move_batch(a, d, n) for a, d in zip(args, dims))
+        _move_batch(a, d, n) for a, d in zip(args[:5], dims[:5]))
     key_cache, value_cache, n, num_blocks = _fold_caches(key_cache, value_cache)
     block_size = key_cache.shape[3]
     slots = _offset_ids(slot_mapping, num_blocks * block_size)
     t = key.shape[1]
     kc, vc = reshape_and_cache_p.bind(key.reshape((n * t,) + key.shape[2:]),
                                       value.reshape((n * t,) + value.shape[2:]),
-                                      key_cache, value_cache, slots.reshape(n * t))
+                                      key_cache, value_cache, slots.reshape(n * t), k_scale,
+                                      v_scale)
     return [kc.reshape((n, num_blocks) + kc.shape[1:]),
             vc.reshape((n, num_blocks) + vc.shape[1:])], [0, 0]
 
@@ -326,7 +424,7 @@ def _register(prim, abstract, native, ref, batch, multiple_results):
 
 
 _register(paged_attention_p, _attention_abstract, _attention_native, _attention_reference,
-          _attention_batch, multiple_results=False)
+          _attention_batch, multiple_results=True)
 _register(reshape_and_cache_p, _write_abstract, _write_native, _write_reference, _write_batch,
           multiple_results=True)
 _register(copy_blocks_p, _copy_abstract, _copy_native, _copy_reference, _copy_batch,

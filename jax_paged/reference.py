@@ -5,15 +5,24 @@ kernels step for step (see ``cuda/cpu/paged_attention_cpu.h``):
 
 * effective length ``L = clip(seq_len, 0, max_blocks_per_seq * block_size)``;
 * query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``;
-* ``logit_t = scale * q.k_t + slope[h] * (t - (L - 1))`` for ``t < L``;
-* tokens whose physical block id is outside ``[0, num_blocks)`` are masked,
-  like tokens at or past ``L`` (they never enter max or sum, and their V is
-  replaced by zeros because ``0 * NaN = NaN``);
+* query row ``i`` of ``q_len`` (a 3-D query is ``q_len = 1``) sits at position
+  ``L - q_len + i`` and attends tokens ``[start_i, end_i)`` with
+  ``end_i = max(0, L - q_len + 1 + i)`` (causal) and ``start_i = max(0, end_i -
+  w)`` with a sliding window ``w`` (else 0);
+* fp8 caches are dequantised as ``value * scale`` (``k_scale`` / ``v_scale``,
+  one per tensor or per KV head);
+* ``logit_t = scale * q.k_t + slope[h] * (t - (end_i - 1))``, then with a soft
+  cap ``c``: ``c * tanh(logit_t / c)``;
+* tokens outside the row's range or whose physical block id is outside
+  ``[0, num_blocks)`` are masked (they never enter max or sum, and their K/V
+  are replaced by zeros because ``0 * NaN = NaN``);
 * ``p_t = exp(logit_t - max) / (sum + 1e-6)``, max starting at ``-FLT_MAX``,
-  so an empty sequence gives zeros;
+  so an empty range gives zeros; ``lse = max + log(sum + 1e-6)`` (``-inf``
+  for an empty range), so that ``out * exp(lse) = sum_t exp(logit_t) v_t``;
 * V2 splits the context into partitions of ``partition_size`` tokens, each
-  normalised on its own, merged with the global max; partitions starting at or
-  past ``L`` are left out of the merge.
+  normalised on its own, merged with the global max; partitions that do not
+  overlap the row's range are left out of the merge, and
+  ``lse = M + log(W + 1e-6)`` with ``W`` the merged weight.
 
 The reference gathers the whole block-table width and is meant for testing
 and as a fallback on platforms without native kernels, not for speed.
@@ -29,7 +38,7 @@ from . import _shapes
 _NEG_FLT_MAX = float(np.finfo(np.float32).min)
 _HIGHEST = jax.lax.Precision.HIGHEST
 
-__all__ = ["paged_attention", "reshape_and_cache", "copy_blocks"]
+__all__ = ["paged_attention", "reshape_and_cache", "copy_blocks", "query_row_ranges"]
 
 
 def _gather_kv(key_cache, value_cache, block_tables, dims):
@@ -49,81 +58,147 @@ def _gather_kv(key_cache, value_cache, block_tables, dims):
     return k.astype(jnp.float32), v.astype(jnp.float32), token_block_valid
 
 
-def _normalised_partial(logits, v):
-    """Softmax-weighted V over the last axis of ``logits`` (masked entries are -inf).
+def _per_kv_head(scale, num_kv_heads):
+    """A scale of shape (), (1,) or (num_kv_heads,) as float32 [num_kv_heads]."""
+    return jnp.broadcast_to(jnp.asarray(scale, jnp.float32).reshape(-1), (num_kv_heads,))
+
+
+def query_row_ranges(seq_lens, capacity: int, q_len: int, sliding_window: int | None):
+    """Per (sequence, query row): the attended token range ``[start, end)``,
+    int32 ``[num_seqs, q_len]`` each (see the module docstring)."""
+    lens = jnp.clip(seq_lens, 0, capacity)
+    ends = jnp.maximum(lens[:, None] - q_len + 1 + jnp.arange(q_len, dtype=jnp.int32)[None, :], 0)
+    if sliding_window:
+        starts = jnp.maximum(ends - sliding_window, 0)
+    else:
+        starts = jnp.zeros_like(ends)
+    return starts, ends
+
+
+def _log_sum_exp(m, s):
+    return jnp.where(s > 0, m + jnp.log(s + 1e-6), -jnp.inf)
+
+
+def _normalised_partial(logits, v, spec):
+    """Softmax-weighted V over the last axis of ``logits`` (masked entries are -inf);
+    ``spec`` is the einsum of the probabilities with ``v``.
 
     Returns (out = sum p v / (sum + 1e-6), max logit, exp-sum)."""
     m = jnp.maximum(jnp.max(logits, axis=-1), _NEG_FLT_MAX)
     p = jnp.exp(logits - m[..., None])
     s = jnp.sum(p, axis=-1)
-    acc = jnp.einsum("...gt,...td->...gd", p, v, precision=_HIGHEST)
+    acc = jnp.einsum(spec, p, v, precision=_HIGHEST)
     return acc / (s[..., None] + 1e-6), m, s
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale=None,
-                    alibi_slopes=None, impl: str = "auto", partition_size: int = 512):
+                    alibi_slopes=None, impl: str = "auto", partition_size: int = 512,
+                    k_scale=None, v_scale=None, soft_cap=None, sliding_window=None,
+                    return_lse: bool = False):
     """Reference paged attention; same signature and semantics as
     :func:`jax_paged.paged_attention`. ``impl="v2"`` follows the partitioned
     V2 computation, anything else the single-pass V1 computation."""
     query, key_cache, value_cache, block_tables, seq_lens = map(
         jnp.asarray, (query, key_cache, value_cache, block_tables, seq_lens))
-    if alibi_slopes is not None:
-        alibi_slopes = jnp.asarray(alibi_slopes)
+    alibi_slopes, k_scale, v_scale = (None if a is None else jnp.asarray(a)
+                                      for a in (alibi_slopes, k_scale, v_scale))
     dims = _shapes.check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                                         alibi_slopes)
+                                         alibi_slopes, k_scale, v_scale)
+    soft_cap = _shapes.check_soft_cap(soft_cap)
+    sliding_window = _shapes.check_sliding_window(sliding_window)
     if scale is None:
         scale = dims.head_size ** -0.5
-    num_seqs, num_heads, head_size = query.shape
+    num_seqs, num_heads, head_size = dims.num_seqs, dims.num_heads, dims.head_size
+    q_len = dims.q_len
     kv_heads, group = dims.num_kv_heads, num_heads // dims.num_kv_heads
     capacity = dims.capacity
 
     k, v, token_block_valid = _gather_kv(key_cache, value_cache, block_tables, dims)
-    lens = jnp.clip(seq_lens, 0, capacity)                                   # effective L
+    if k_scale is not None:
+        k = k * _per_kv_head(k_scale, kv_heads)[None, :, None, None]
+    if v_scale is not None:
+        v = v * _per_kv_head(v_scale, kv_heads)[None, :, None, None]
+    starts, ends = query_row_ranges(seq_lens, capacity, q_len, sliding_window)   # [S, Q]
     t = jnp.arange(capacity, dtype=jnp.int32)
-    mask = (t[None, :] < lens[:, None]) & token_block_valid                  # [S, T]
+    mask = ((t[None, None, :] >= starts[..., None]) & (t[None, None, :] < ends[..., None])
+            & token_block_valid[:, None, :])                                    # [S, Q, T]
 
-    # Zero masked K and V (0 * NaN = NaN): unused slots may hold anything, and
-    # the gradient must not see them either.
-    k = jnp.where(mask[:, None, :, None], k, 0.0)
-    v = jnp.where(mask[:, None, :, None], v, 0.0)
-    q = query.astype(jnp.float32).reshape(num_seqs, kv_heads, group, head_size)
-    logits = scale * jnp.einsum("skgd,sktd->skgt", q, k, precision=_HIGHEST)
+    # Zero K and V that no row attends (0 * NaN = NaN): unused slots may hold
+    # anything, and the gradient must not see them either.
+    any_row = jnp.any(mask, axis=1)                                             # [S, T]
+    k = jnp.where(any_row[:, None, :, None], k, 0.0)
+    v = jnp.where(any_row[:, None, :, None], v, 0.0)
+    q = query.astype(jnp.float32).reshape(num_seqs, q_len, kv_heads, group, head_size)
+    logits = scale * jnp.einsum("sqkgd,sktd->sqkgt", q, k, precision=_HIGHEST)
     if alibi_slopes is not None:
         slopes = alibi_slopes.reshape(kv_heads, group)
-        rel = (t[None, :] - (lens[:, None] - 1)).astype(jnp.float32)         # [S, T]
-        logits = logits + slopes[None, :, :, None] * rel[:, None, None, :]
-    logits = jnp.where(mask[:, None, None, :], logits, -jnp.inf)
+        rel = (t[None, None, :] - (ends[..., None] - 1)).astype(jnp.float32)   # [S, Q, T]
+        logits = logits + slopes[None, None, :, :, None] * rel[:, :, None, None, :]
+    if soft_cap:
+        logits = soft_cap * jnp.tanh(logits / soft_cap)
+    logits = jnp.where(mask[:, :, None, None, :], logits, -jnp.inf)            # [S,Q,K,G,T]
 
     if impl != "v2":
-        out, _, _ = _normalised_partial(logits, v)
+        out, m, s = _normalised_partial(logits, v, "sqkgt,sktd->sqkgd")
+        lse = _log_sum_exp(m, s)
     else:
         _shapes.check_partition_size(partition_size, dims.block_size)
         parts = dims.num_partitions(partition_size)
         pad = parts * partition_size - capacity
-        logits = jnp.pad(logits, ((0, 0), (0, 0), (0, 0), (0, pad)), constant_values=-jnp.inf)
+        logits = jnp.pad(logits, ((0, 0),) * 4 + ((0, pad),), constant_values=-jnp.inf)
         v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0)))
-        logits = logits.reshape(num_seqs, kv_heads, group, parts, partition_size)
-        logits = logits.transpose(0, 1, 3, 2, 4)                             # [S,K,P,G,PS]
+        logits = logits.reshape(logits.shape[:4] + (parts, partition_size))   # [S,Q,K,G,P,PS]
         v = v.reshape(num_seqs, kv_heads, parts, partition_size, head_size)
-        tmp_out, max_logits, exp_sums = _normalised_partial(logits, v)       # [S,K,P,G,(D)]
-        exists = (jnp.arange(parts) * partition_size)[None, :] < lens[:, None]   # [S, P]
-        exists = exists[:, None, :, None]
-        global_max = jnp.max(jnp.where(exists, max_logits, _NEG_FLT_MAX), axis=2, keepdims=True)
+        tmp_out, max_logits, exp_sums = _normalised_partial(               # [S,Q,K,G,P(,D)]
+            logits, v, "sqkgpt,skptd->sqkgpd")
+        p0 = jnp.arange(parts) * partition_size
+        exists = ((p0[None, None, :] < ends[..., None])
+                  & (p0[None, None, :] + partition_size > starts[..., None]))  # [S, Q, P]
+        exists = exists[:, :, None, None, :]
+        global_max = jnp.max(jnp.where(exists, max_logits, _NEG_FLT_MAX), axis=-1, keepdims=True)
         w = jnp.where(exists, exp_sums * jnp.exp(max_logits - global_max), 0.0)
-        out = jnp.sum(w[..., None] * tmp_out, axis=2) / (jnp.sum(w, axis=2)[..., None] + 1e-6)
-    return out.reshape(num_seqs, num_heads, head_size).astype(query.dtype)
+        total = jnp.sum(w, axis=-1)
+        out = jnp.sum(w[..., None] * tmp_out, axis=-2) / (total[..., None] + 1e-6)
+        lse = _log_sum_exp(global_max[..., 0], total)
+    out = out.reshape(query.shape).astype(query.dtype)
+    if not return_lse:
+        return out
+    lse = lse.reshape(query.shape[:-1])
+    return out, lse
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
+def _quantise(x, scale, cache_dtype):
+    """x / scale saturated to the fp8 format's largest finite value, rounded to
+    nearest even (XLA's conversion); x [T, Hkv, D], scale per KV head."""
+    limit = float(jnp.finfo(cache_dtype).max)
+    x = x.astype(jnp.float32)
+    # A true (correctly rounded) division, as the kernels do: XLA would
+    # otherwise rewrite x / broadcast(s) as x * broadcast(1 / s), which rounds
+    # differently near fp8 rounding ties.
+    divisor = jax.lax.optimization_barrier(jnp.broadcast_to(scale[None, :, None], x.shape))
+    return jnp.clip(x / divisor, -limit, limit).astype(cache_dtype)
+
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *, k_scale=None,
+                      v_scale=None):
     """Reference cache write; same semantics as :func:`jax_paged.reshape_and_cache`.
 
     Token ``i`` goes to block ``slot // block_size``, offset ``slot % block_size``;
-    slots outside ``[0, num_blocks * block_size)`` are dropped."""
+    slots outside ``[0, num_blocks * block_size)`` are dropped. fp8 caches store
+    ``value / scale`` saturated to the format's largest finite value."""
     key, value, key_cache, value_cache, slot_mapping = map(
         jnp.asarray, (key, value, key_cache, value_cache, slot_mapping))
-    _shapes.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    k_scale, v_scale = (None if a is None else jnp.asarray(a) for a in (k_scale, v_scale))
+    _shapes.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                    k_scale, v_scale)
     num_blocks, _, _, block_size, x = key_cache.shape
     num_tokens, kv_heads, head_size = key.shape
+    if _shapes.is_fp8(key_cache.dtype):
+        ones = jnp.ones((kv_heads,), jnp.float32)
+        key = _quantise(key, ones if k_scale is None else _per_kv_head(k_scale, kv_heads),
+                        key_cache.dtype)
+        value = _quantise(value, ones if v_scale is None else _per_kv_head(v_scale, kv_heads),
+                          value_cache.dtype)
     valid = (slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)
     block = jnp.where(valid, slot_mapping // block_size, num_blocks)  # num_blocks: dropped
     offset = jnp.where(valid, slot_mapping % block_size, 0)

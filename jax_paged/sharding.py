@@ -67,51 +67,82 @@ def _named(mesh, *spec):
 
 # ---- paged_attention -------------------------------------------------------------
 
-@functools.partial(custom_partitioning, static_argnums=(6, 7, 8))
-def _attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes, scale, impl,
-               partition_size):
+@functools.partial(custom_partitioning, static_argnums=(8, 9, 10, 11, 12, 13))
+def _attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes, k_scale,
+               v_scale, scale, impl, partition_size, soft_cap, sliding_window, has_scales):
+    return _local_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
+                            k_scale, v_scale, scale, impl, partition_size, soft_cap,
+                            sliding_window, has_scales)
+
+
+def _local_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
+                     k_scale, v_scale, scale, impl, partition_size, soft_cap, sliding_window,
+                     has_scales):
     return api.paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                scale=scale, alibi_slopes=alibi_slopes, impl=impl,
-                               partition_size=partition_size)
+                               partition_size=partition_size,
+                               k_scale=k_scale if has_scales else None,
+                               v_scale=v_scale if has_scales else None, soft_cap=soft_cap,
+                               sliding_window=sliding_window)
 
 
-def _attention_infer(scale, impl, partition_size, mesh, arg_shapes, result_shape):
+def _attention_infer(scale, impl, partition_size, soft_cap, sliding_window, has_scales, mesh,
+                     arg_shapes, result_shape):
     axis = _spec_axis(arg_shapes[1].sharding, 1)
     return _named(mesh, None, axis, None)
 
 
-def _attention_partition(scale, impl, partition_size, mesh, arg_shapes, result_shape):
+def _attention_partition(scale, impl, partition_size, soft_cap, sliding_window, has_scales, mesh,
+                         arg_shapes, result_shape):
     query, key_cache = arg_shapes[0], arg_shapes[1]
     axis = _heads_axis(mesh, key_cache.sharding, ("num_heads", query.shape[1]),
                        ("num_kv_heads", key_cache.shape[1]))
     arg_shardings = (_named(mesh, None, axis, None), _named(mesh, None, axis),
-                     _named(mesh, None, axis), _named(mesh), _named(mesh), _named(mesh, axis))
+                     _named(mesh, None, axis), _named(mesh), _named(mesh), _named(mesh, axis),
+                     _named(mesh, axis), _named(mesh, axis))
 
-    def lower(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes):
-        return api.paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                                   scale=scale, alibi_slopes=alibi_slopes, impl=impl,
-                                   partition_size=partition_size)
+    def lower(*args):
+        return _local_attention(*args, scale, impl, partition_size, soft_cap, sliding_window,
+                                has_scales)
     return mesh, lower, _named(mesh, None, axis, None), arg_shardings
 
 
 _attention.def_partition(
     infer_sharding_from_operands=_attention_infer, partition=_attention_partition,
-    sharding_rule="s h d, n k c b x, n k d2 b, s m, s, h -> s h d")
+    sharding_rule="s h d, n k c b x, n k d2 b, s m, s, h, k, k -> s h d")
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale=None,
-                    alibi_slopes=None, impl: str = "auto", partition_size: int = 512):
+                    alibi_slopes=None, impl: str = "auto", partition_size: int = 512,
+                    k_scale=None, v_scale=None, soft_cap=None, sliding_window=None):
     """:func:`jax_paged.paged_attention` with a tensor-parallel partitioning rule
-    (heads sharded, no collectives). Same arguments and result."""
+    (heads sharded, no collectives). Same arguments and result, for decode
+    queries ``[num_seqs, num_heads, head_size]`` (no ``return_lse``; for
+    multi-token queries or LSE use :func:`data_parallel` or ``shard_map``).
+    ``k_scale`` / ``v_scale`` (fp8 caches) are sharded with the KV heads."""
     query = jnp.asarray(query)
+    if query.ndim != 3:
+        raise ValueError(f"jax_paged.sharding.paged_attention takes decode queries [num_seqs, "
+                         f"num_heads, head_size], got shape {tuple(query.shape)}")
     if scale is None:
         scale = query.shape[-1] ** -0.5
     if alibi_slopes is None:
         # Zero slopes add exactly 0.0 to every logit: the same result as no ALiBi,
         # with one operand list for the partitioner.
         alibi_slopes = jnp.zeros((query.shape[1],), jnp.float32)
+    num_kv_heads = jnp.shape(key_cache)[1]
+    has_scales = k_scale is not None or v_scale is not None
+
+    def per_head(s):
+        # One operand layout for the partitioner: [num_kv_heads] (1 = no scale).
+        s = jnp.ones((), jnp.float32) if s is None else jnp.asarray(s)
+        if s.ndim > 1 or s.size not in (1, num_kv_heads):
+            raise ValueError(f"k_scale / v_scale must have shape (), (1,) or [num_kv_heads] = "
+                             f"({num_kv_heads},), got {tuple(s.shape)}")
+        return jnp.broadcast_to(s.reshape(-1), (num_kv_heads,))
     return _attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
-                      float(scale), impl, int(partition_size))
+                      per_head(k_scale), per_head(v_scale), float(scale), impl,
+                      int(partition_size), soft_cap, sliding_window, has_scales)
 
 
 # ---- reshape_and_cache and copy_blocks ------------------------------------------
@@ -119,6 +150,12 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sc
 @custom_partitioning
 def _write(key, value, key_cache, value_cache, slot_mapping):
     return api.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+@custom_partitioning
+def _write_scaled(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+    return api.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                 k_scale=k_scale, v_scale=v_scale)
 
 
 def _write_infer(mesh, arg_shapes, result_shape):
@@ -135,6 +172,22 @@ def _write_partition(mesh, arg_shapes, result_shape):
 
 _write.def_partition(infer_sharding_from_operands=_write_infer, partition=_write_partition,
                      sharding_rule="t k d, t k d, n k c b x, n k d b, t -> n k c b x, n k d b")
+
+
+def _write_scaled_partition(mesh, arg_shapes, result_shape):
+    axis = _heads_axis(mesh, arg_shapes[2].sharding, ("num_kv_heads", arg_shapes[2].shape[1]))
+    heads = _named(mesh, None, axis)
+
+    def lower(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+        return api.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                     k_scale=k_scale, v_scale=v_scale)
+    return (mesh, lower, (heads, heads),
+            (heads, heads, heads, heads, _named(mesh), _named(mesh, axis), _named(mesh, axis)))
+
+
+_write_scaled.def_partition(
+    infer_sharding_from_operands=_write_infer, partition=_write_scaled_partition,
+    sharding_rule="t k d, t k d, n k c b x, n k d b, t, k, k -> n k c b x, n k d b")
 
 
 @custom_partitioning
@@ -157,10 +210,23 @@ _copy.def_partition(infer_sharding_from_operands=_copy_infer, partition=_copy_pa
                     sharding_rule="n k c b x, n k d b, p two -> n k c b x, n k d b")
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *, k_scale=None,
+                      v_scale=None):
     """:func:`jax_paged.reshape_and_cache` with a tensor-parallel partitioning rule
-    (KV heads sharded, slots replicated; in place under donation per shard)."""
-    return _write(key, value, key_cache, value_cache, slot_mapping)
+    (KV heads sharded, slots replicated; in place under donation per shard).
+    ``k_scale`` / ``v_scale`` (fp8 caches) are sharded with the KV heads."""
+    if k_scale is None and v_scale is None:
+        return _write(key, value, key_cache, value_cache, slot_mapping)
+    num_kv_heads = jnp.shape(key_cache)[1]
+
+    def per_head(s):
+        s = jnp.ones((), jnp.float32) if s is None else jnp.asarray(s)
+        if s.ndim > 1 or s.size not in (1, num_kv_heads):
+            raise ValueError(f"k_scale / v_scale must have shape (), (1,) or [num_kv_heads] = "
+                             f"({num_kv_heads},), got {tuple(s.shape)}")
+        return jnp.broadcast_to(s.reshape(-1), (num_kv_heads,))
+    return _write_scaled(key, value, key_cache, value_cache, slot_mapping, per_head(k_scale),
+                         per_head(v_scale))
 
 
 def copy_blocks(key_cache, value_cache, block_mapping):
@@ -177,7 +243,10 @@ def data_parallel(mesh: jax.sharding.Mesh, axis: str) -> Callable:
     (dim 0) and both caches on their blocks axis (dim 0) over ``axis``; block ids
     in each device's table rows index that device's local blocks
     (``0 .. num_blocks // n - 1``). The result is sharded on sequences.
-    Keyword arguments (``scale``, ``impl``, ...) pass through.
+    Keyword arguments (``scale``, ``impl``, ``k_scale``, ``soft_cap``,
+    ``sliding_window``, ``return_lse``, ...) pass through; array-valued ones
+    (``alibi_slopes``, ``k_scale``, ``v_scale``) are replicated. 4-D
+    multi-token queries work too (sharded on their sequence axis).
 
         attend = jax_paged.sharding.data_parallel(mesh, "dp")
         out = jax.jit(attend)(query, key_cache, value_cache, block_tables, seq_lens)

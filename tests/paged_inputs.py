@@ -106,9 +106,16 @@ def dense_attention(query, keys, values, scale, alibi_slopes=None) -> np.ndarray
 
 
 def on(platform: str, *arrays):
-    """Places arrays on the first device of a platform."""
+    """Places arrays on the first device of a platform.
+
+    On the CPU, device_put of a 64-byte-aligned NumPy array aliases NumPy's
+    memory, and such a buffer cannot be donated (XLA copies instead): the
+    copy makes every array JAX-owned, so donation tests do not depend on
+    where NumPy happened to allocate."""
     dev = jax.devices(platform)[0]
-    return tuple(jax.device_put(a, dev) for a in arrays)
+    put = (lambda a: jax.device_put(a, dev).copy()) if dev.platform == "cpu" else (
+        lambda a: jax.device_put(a, dev))
+    return tuple(put(a) for a in arrays)
 
 
 def reference_on_cpu(fn, *args, **kwargs):

@@ -55,10 +55,83 @@ template <> inline f16_t FromFloat<f16_t>(float f) {
   return f16_t{static_cast<uint16_t>(sign | (m >> 13))};
 }
 
+// ---- fp8 (KV caches only) ----------------------------------------------------
+struct fp8e4m3_t { uint8_t bits; };  // float8_e4m3fn: bias 7, no inf, max 448
+struct fp8e5m2_t { uint8_t bits; };  // float8_e5m2: bias 15, IEEE-like, max 57344
+
+template <int EXP, int MAN, bool FN>
+struct Fp8Format {
+  static constexpr int kBias = (1 << (EXP - 1)) - 1;
+  static constexpr float kMax = FN ? 448.0f : 57344.0f;
+  static constexpr uint8_t kMaxCode = FN ? 0x7E : 0x7B;
+  static constexpr uint8_t kNaNCode = FN ? 0x7F : 0x7E;
+
+  static float Decode(uint8_t b) {
+    const bool neg = (b & 0x80u) != 0;
+    const int e = (b >> MAN) & ((1 << EXP) - 1);
+    const int m = b & ((1 << MAN) - 1);
+    float mag;
+    if (FN && e == (1 << EXP) - 1 && m == (1 << MAN) - 1) {
+      mag = NAN;
+    } else if (!FN && e == (1 << EXP) - 1) {
+      mag = m ? NAN : INFINITY;
+    } else if (e == 0) {
+      mag = std::ldexp(static_cast<float>(m), 1 - kBias - MAN);
+    } else {
+      mag = std::ldexp(static_cast<float>((1 << MAN) + m), e - kBias - MAN);
+    }
+    return neg ? -mag : mag;
+  }
+
+  // Round to nearest even, saturating to +-kMax (infinities included); NaN
+  // stays NaN. Equal to clip(f, -max, max) then an exact RNE conversion.
+  static uint8_t Encode(float f) {
+    const uint8_t sign = std::signbit(f) ? 0x80u : 0u;
+    if (std::isnan(f)) return sign | kNaNCode;
+    const float a = std::fabs(f);
+    if (a >= kMax) return sign | kMaxCode;
+    int e;
+    std::frexp(a, &e);  // a = frac * 2^e, frac in [0.5, 1)
+    int ue = e - 1;     // unbiased exponent of a
+    if (ue < 1 - kBias) ue = 1 - kBias;  // subnormal range: fixed quantum
+    // a / quantum is exact (power-of-two scaling); nearbyint rounds it to
+    // nearest even. code = ((ue + bias - 1) << MAN) + q covers normals,
+    // subnormals and the carry into the next binade alike.
+    const float q = std::nearbyint(std::ldexp(a, MAN - ue));
+    return sign | static_cast<uint8_t>(((ue + kBias - 1) << MAN) + static_cast<int>(q));
+  }
+
+  // Decoding table (256 entries), built once.
+  static const float* Table() {
+    static const struct T {
+      float v[256];
+      T() { for (int i = 0; i < 256; ++i) v[i] = Decode(static_cast<uint8_t>(i)); }
+    } table;
+    return table.v;
+  }
+};
+using Fp8E4M3 = Fp8Format<4, 3, true>;
+using Fp8E5M2 = Fp8Format<5, 2, false>;
+
+inline float ToFloat(fp8e4m3_t v) { return Fp8E4M3::Table()[v.bits]; }
+inline float ToFloat(fp8e5m2_t v) { return Fp8E5M2::Table()[v.bits]; }
+template <> inline fp8e4m3_t FromFloat<fp8e4m3_t>(float f) { return fp8e4m3_t{Fp8E4M3::Encode(f)}; }
+template <> inline fp8e5m2_t FromFloat<fp8e5m2_t>(float f) { return fp8e5m2_t{Fp8E5M2::Encode(f)}; }
+
+template <typename T> constexpr bool kIsFp8 = false;
+template <> constexpr bool kIsFp8<fp8e4m3_t> = true;
+template <> constexpr bool kIsFp8<fp8e5m2_t> = true;
+
 template <ScalarKind K> struct CpuScalar;
 template <> struct CpuScalar<ScalarKind::kF32> { using type = float; };
 template <> struct CpuScalar<ScalarKind::kF16> { using type = f16_t; };
 template <> struct CpuScalar<ScalarKind::kBF16> { using type = bf16_t; };
+
+// Cache storage type for a CacheKind, given the query's storage type T.
+template <CacheKind K, typename T> struct CpuCache;
+template <typename T> struct CpuCache<CacheKind::kSameAsQuery, T> { using type = T; };
+template <typename T> struct CpuCache<CacheKind::kFp8E4M3, T> { using type = fp8e4m3_t; };
+template <typename T> struct CpuCache<CacheKind::kFp8E5M2, T> { using type = fp8e5m2_t; };
 
 }  // namespace cpu
 }  // namespace jax_paged

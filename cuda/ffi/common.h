@@ -8,6 +8,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <climits>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -58,13 +60,45 @@ ffi::Error DispatchScalar(ScalarKind kind, F&& f) {
 
 inline int ElemSize(ScalarKind kind) { return kind == ScalarKind::kF32 ? 4 : 2; }
 
-// Unpacks and checks the paged-attention operands. `alibi` may have zero
-// elements, meaning no ALiBi.
-inline ffi::Error UnpackPagedAttention(ffi::AnyBuffer query, ffi::AnyBuffer key_cache,
-                                       ffi::AnyBuffer value_cache,
-                                       ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
-                                       ffi::AnyBuffer alibi, ffi::AnyBuffer out,
-                                       PagedAttentionParams* p, ScalarKind* kind) {
+// Maps an XLA fp8 dtype to a CacheKind; false for anything else.
+inline bool ToFp8Kind(ffi::DataType dt, CacheKind* kind) {
+  switch (dt) {
+    case ffi::DataType::F8E4M3FN: *kind = CacheKind::kFp8E4M3; return true;
+    case ffi::DataType::F8E5M2: *kind = CacheKind::kFp8E5M2; return true;
+    default: return false;
+  }
+}
+
+template <CacheKind K>
+using CacheTag = std::integral_constant<CacheKind, K>;
+
+// The fp8 half of the dtype dispatch: calls f(CacheTag<K>{}) for an fp8 kind.
+// Each backend maps the tag to its storage type (CpuFp8 / CudaFp8).
+template <typename F>
+ffi::Error DispatchFp8(CacheKind kind, F&& f) {
+  switch (kind) {
+    case CacheKind::kFp8E4M3: return f(CacheTag<CacheKind::kFp8E4M3>{});
+    case CacheKind::kFp8E5M2: return f(CacheTag<CacheKind::kFp8E5M2>{});
+    case CacheKind::kSameAsQuery: break;
+  }
+  return ArgError("not an fp8 cache kind");
+}
+
+// Bytes of one cache element.
+inline int CacheElemSize(ScalarKind query_kind, CacheKind cache_kind) {
+  return cache_kind == CacheKind::kSameAsQuery ? ElemSize(query_kind) : 1;
+}
+
+namespace detail {
+
+// Shared by UnpackPagedAttention (the seed's contract: 3-D query, caches of
+// the query's dtype) and UnpackPagedAttentionExt (also 4-D multi-token
+// queries and fp8 caches).
+inline ffi::Error UnpackAttentionCore(ffi::AnyBuffer query, ffi::AnyBuffer key_cache,
+                                      ffi::AnyBuffer value_cache, ffi::AnyBuffer block_tables,
+                                      ffi::AnyBuffer seq_lens, ffi::AnyBuffer alibi,
+                                      ffi::AnyBuffer out, bool extended,
+                                      PagedAttentionParams* p, ScalarKind* kind) {
   auto q = query.dimensions();
   auto kc = key_cache.dimensions();
   auto vc = value_cache.dimensions();
@@ -72,15 +106,26 @@ inline ffi::Error UnpackPagedAttention(ffi::AnyBuffer query, ffi::AnyBuffer key_
   auto sl = seq_lens.dimensions();
   if (!ToScalarKind(query.element_type(), kind))
     return ArgError("query must be float32, float16 or bfloat16");
-  if (key_cache.element_type() != query.element_type() ||
-      value_cache.element_type() != query.element_type() ||
-      out.element_type() != query.element_type())
-    return ArgError("key_cache, value_cache and out must have the query's dtype");
-  if (q.size() != 3) return ArgError("query must be 3-D, got " + DimsToString(q));
-  const int64_t x = 16 / ElemSize(*kind);
+  CacheKind cache_kind = CacheKind::kSameAsQuery;
+  if (key_cache.element_type() != query.element_type()) {
+    if (!extended || !ToFp8Kind(key_cache.element_type(), &cache_kind))
+      return ArgError(extended ? "key_cache must have the query's dtype or be float8_e4m3fn / "
+                                 "float8_e5m2"
+                               : "key_cache, value_cache and out must have the query's dtype");
+  }
+  if (value_cache.element_type() != key_cache.element_type())
+    return ArgError("value_cache must have key_cache's dtype");
+  if (out.element_type() != query.element_type())
+    return ArgError("out must have the query's dtype");
+  if (q.size() != 3 && !(extended && q.size() == 4))
+    return ArgError(std::string("query must be ") + (extended ? "3-D or 4-D" : "3-D") +
+                    ", got " + DimsToString(q));
+  const int64_t x = 16 / CacheElemSize(*kind, cache_kind);
   if (kc.size() != 5) return ArgError("key_cache must be 5-D, got " + DimsToString(kc));
   if (vc.size() != 4) return ArgError("value_cache must be 4-D, got " + DimsToString(vc));
-  const int64_t num_seqs = q[0], num_heads = q[1], head_size = q[2];
+  const bool multi = q.size() == 4;
+  const int64_t num_seqs = q[0], q_len = multi ? q[1] : 1;
+  const int64_t num_heads = q[multi ? 2 : 1], head_size = q[multi ? 3 : 2];
   const int64_t num_blocks = kc[0], num_kv_heads = kc[1], block_size = kc[3];
   if (kc[4] != x || kc[2] * x != head_size)
     return ArgError("key_cache " + DimsToString(kc) + " does not match head_size " +
@@ -102,14 +147,16 @@ inline ffi::Error UnpackPagedAttention(ffi::AnyBuffer query, ffi::AnyBuffer key_
   if (has_alibi && (alibi.element_type() != ffi::DataType::F32 ||
                     static_cast<int64_t>(alibi.element_count()) != num_heads))
     return ArgError("alibi_slopes must be float32 [num_heads]");
-  if (out.dimensions().size() != 3 || static_cast<int64_t>(out.element_count()) !=
-                                          num_seqs * num_heads * head_size)
+  if (out.dimensions().size() != q.size() ||
+      static_cast<int64_t>(out.element_count()) != num_seqs * q_len * num_heads * head_size)
     return ArgError("out must have the query's shape");
   if (head_size % 8 != 0 || head_size > 256 || head_size <= 0)
     return ArgError("head_size must be a multiple of 8 up to 256, got " +
                     std::to_string(head_size));
   if (block_size <= 0 || block_size > 256)
     return ArgError("block_size must be in [1, 256], got " + std::to_string(block_size));
+  if (q_len <= 0 && num_seqs > 0)
+    return ArgError("q_len (query.shape[1]) must be positive");
 
   p->out = out.untyped_data();
   p->query = query.untyped_data();
@@ -125,10 +172,95 @@ inline ffi::Error UnpackPagedAttention(ffi::AnyBuffer query, ffi::AnyBuffer key_
   p->block_size = static_cast<int>(block_size);
   p->max_blocks_per_seq = static_cast<int>(bt[1]);
   p->num_blocks = num_blocks;
+  p->q_len = static_cast<int>(q_len);
+  p->query_kind = *kind;
+  p->cache_kind = cache_kind;
   return ffi::Error::Success();
 }
 
-// Checks the V2 workspace results and the partition size, fills p.
+// A dequantisation scale operand: float32 with 0 elements (none: scale 1),
+// 1 element (per tensor) or num_kv_heads elements (per KV head). fp8 caches
+// only.
+inline ffi::Error UnpackScale(const char* name, ffi::AnyBuffer scale, int num_kv_heads,
+                              bool fp8_cache, const float** ptr, int* stride) {
+  const int64_t n = static_cast<int64_t>(scale.element_count());
+  *ptr = nullptr;
+  *stride = 0;
+  if (n == 0) return ffi::Error::Success();
+  if (!fp8_cache)
+    return ArgError(std::string(name) + " applies to float8 caches only");
+  if (scale.element_type() != ffi::DataType::F32 || (n != 1 && n != num_kv_heads))
+    return ArgError(std::string(name) + " must be float32 with 1 or num_kv_heads (" +
+                    std::to_string(num_kv_heads) + ") elements, got " +
+                    DimsToString(scale.dimensions()));
+  *ptr = reinterpret_cast<const float*>(scale.untyped_data());
+  *stride = n == 1 ? 0 : 1;
+  return ffi::Error::Success();
+}
+
+}  // namespace detail
+
+// Unpacks and checks the paged-attention operands. `alibi` may have zero
+// elements, meaning no ALiBi. (The seed's contract: 3-D query, caches of the
+// query's dtype; the extension fields of `p` keep their defaults.)
+inline ffi::Error UnpackPagedAttention(ffi::AnyBuffer query, ffi::AnyBuffer key_cache,
+                                       ffi::AnyBuffer value_cache,
+                                       ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
+                                       ffi::AnyBuffer alibi, ffi::AnyBuffer out,
+                                       PagedAttentionParams* p, ScalarKind* kind) {
+  return detail::UnpackAttentionCore(query, key_cache, value_cache, block_tables, seq_lens,
+                                     alibi, out, /*extended=*/false, p, kind);
+}
+
+// The extended contract of the classic V1/V2 targets: everything
+// UnpackPagedAttention accepts, plus 4-D multi-token queries
+// [num_seqs, q_len, num_heads, head_size], fp8 caches (float8_e4m3fn /
+// float8_e5m2, x = 16) with k_scale / v_scale operands (0 elements = 1),
+// soft cap, sliding window, and an optional lse result (0 elements = not
+// requested; else float32 with num_seqs * q_len * num_heads elements).
+inline ffi::Error UnpackPagedAttentionExt(ffi::AnyBuffer query, ffi::AnyBuffer key_cache,
+                                          ffi::AnyBuffer value_cache,
+                                          ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
+                                          ffi::AnyBuffer alibi, ffi::AnyBuffer k_scale,
+                                          ffi::AnyBuffer v_scale, float soft_cap,
+                                          int64_t sliding_window, ffi::AnyBuffer out,
+                                          ffi::AnyBuffer lse, PagedAttentionParams* p,
+                                          ScalarKind* kind) {
+  if (auto err = detail::UnpackAttentionCore(query, key_cache, value_cache, block_tables,
+                                             seq_lens, alibi, out, /*extended=*/true, p, kind);
+      err.failure())
+    return err;
+  const bool fp8 = p->cache_kind != CacheKind::kSameAsQuery;
+  if (auto err = detail::UnpackScale("k_scale", k_scale, p->num_kv_heads, fp8, &p->k_scale,
+                                     &p->k_scale_stride);
+      err.failure())
+    return err;
+  if (auto err = detail::UnpackScale("v_scale", v_scale, p->num_kv_heads, fp8, &p->v_scale,
+                                     &p->v_scale_stride);
+      err.failure())
+    return err;
+  if (!(soft_cap >= 0.0f) || soft_cap == INFINITY)
+    return ArgError("soft_cap must be finite and >= 0 (0 = off), got " +
+                    std::to_string(soft_cap));
+  if (sliding_window < 0 || sliding_window > INT32_MAX)
+    return ArgError("sliding_window must be in [0, 2^31) (0 = off), got " +
+                    std::to_string(sliding_window));
+  p->soft_cap = soft_cap;
+  p->sliding_window = static_cast<int>(sliding_window);
+  const int64_t lse_n = static_cast<int64_t>(lse.element_count());
+  if (lse_n != 0) {
+    if (lse.element_type() != ffi::DataType::F32 ||
+        lse_n != int64_t{p->num_seqs} * p->q_len * p->num_heads)
+      return ArgError("lse must be float32 [num_seqs, (q_len,) num_heads], got " +
+                      DimsToString(lse.dimensions()));
+    p->lse = reinterpret_cast<float*>(lse.untyped_data());
+  }
+  return ffi::Error::Success();
+}
+
+// Checks the V2 workspace results and the partition size, fills p. The
+// workspace has num_seqs * q_len * num_heads rows of max_num_partitions
+// (q_len = 1 unless set by UnpackPagedAttentionExt).
 inline ffi::Error UnpackPartitions(int64_t partition_size, ffi::AnyBuffer exp_sums,
                                    ffi::AnyBuffer max_logits, ffi::AnyBuffer tmp_out,
                                    PagedAttentionParams* p) {
@@ -138,7 +270,7 @@ inline ffi::Error UnpackPartitions(int64_t partition_size, ffi::AnyBuffer exp_su
                     std::to_string(partition_size));
   const int64_t capacity = int64_t{p->max_blocks_per_seq} * p->block_size;
   const int64_t parts = std::max<int64_t>(1, (capacity + partition_size - 1) / partition_size);
-  const int64_t rows = int64_t{p->num_seqs} * p->num_heads * parts;
+  const int64_t rows = int64_t{p->num_seqs} * p->q_len * p->num_heads * parts;
   if (exp_sums.element_type() != ffi::DataType::F32 ||
       max_logits.element_type() != ffi::DataType::F32 ||
       tmp_out.element_type() != ffi::DataType::F32 ||
@@ -154,26 +286,33 @@ inline ffi::Error UnpackPartitions(int64_t partition_size, ffi::AnyBuffer exp_su
   return ffi::Error::Success();
 }
 
+// Unpacks the cache write. Caches of key's dtype (k_scale / v_scale empty),
+// or fp8 caches with float32/float16/bfloat16 keys and optional scales
+// (0, 1 or num_kv_heads float32 elements). `kind` is the key's dtype.
 inline ffi::Error UnpackReshapeAndCache(ffi::AnyBuffer key, ffi::AnyBuffer value,
                                         ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
-                                        ffi::AnyBuffer slot_mapping,
+                                        ffi::AnyBuffer slot_mapping, ffi::AnyBuffer k_scale,
+                                        ffi::AnyBuffer v_scale,
                                         ffi::Result<ffi::AnyBuffer> key_cache_out,
                                         ffi::Result<ffi::AnyBuffer> value_cache_out,
                                         ReshapeAndCacheParams* p, ScalarKind* kind) {
   auto k = key.dimensions();
   auto kc = key_cache.dimensions();
   auto vc = value_cache.dimensions();
-  if (!ToScalarKind(key_cache.element_type(), kind))
-    return ArgError("key_cache must be float32, float16 or bfloat16");
-  if (key.element_type() != key_cache.element_type() ||
-      value.element_type() != key_cache.element_type() ||
+  if (!ToScalarKind(key.element_type(), kind))
+    return ArgError("key must be float32, float16 or bfloat16");
+  CacheKind cache_kind = CacheKind::kSameAsQuery;
+  if (key_cache.element_type() != key.element_type() &&
+      !ToFp8Kind(key_cache.element_type(), &cache_kind))
+    return ArgError("key_cache must have key's dtype or be float8_e4m3fn / float8_e5m2");
+  if (value.element_type() != key.element_type() ||
       value_cache.element_type() != key_cache.element_type())
-    return ArgError("key, value and value_cache must have key_cache's dtype");
+    return ArgError("value must have key's dtype and value_cache key_cache's dtype");
   if (k.size() != 3 || value.dimensions().size() != 3 ||
       key.element_count() != value.element_count())
     return ArgError("key and value must be [num_tokens, num_kv_heads, head_size], got " +
                     DimsToString(k) + " and " + DimsToString(value.dimensions()));
-  const int64_t x = 16 / ElemSize(*kind);
+  const int64_t x = 16 / CacheElemSize(*kind, cache_kind);
   if (kc.size() != 5 || vc.size() != 4 || kc[1] != k[1] || kc[2] * x != k[2] || kc[4] != x ||
       vc[0] != kc[0] || vc[1] != k[1] || vc[2] != k[2] || vc[3] != kc[3])
     return ArgError("caches " + DimsToString(kc) + " / " + DimsToString(vc) +
@@ -181,6 +320,15 @@ inline ffi::Error UnpackReshapeAndCache(ffi::AnyBuffer key, ffi::AnyBuffer value
   if (slot_mapping.element_type() != ffi::DataType::S32 ||
       static_cast<int64_t>(slot_mapping.element_count()) != k[0])
     return ArgError("slot_mapping must be int32 [num_tokens]");
+  const bool fp8 = cache_kind != CacheKind::kSameAsQuery;
+  if (auto err = detail::UnpackScale("k_scale", k_scale, static_cast<int>(k[1]), fp8,
+                                     &p->k_scale, &p->k_scale_stride);
+      err.failure())
+    return err;
+  if (auto err = detail::UnpackScale("v_scale", v_scale, static_cast<int>(k[1]), fp8,
+                                     &p->v_scale, &p->v_scale_stride);
+      err.failure())
+    return err;
   // In-place update: the results alias the cache operands (Python lowers with
   // operand_output_aliases); if XLA ever hands us distinct buffers we would
   // silently drop the rest of the cache, so refuse.
@@ -197,6 +345,8 @@ inline ffi::Error UnpackReshapeAndCache(ffi::AnyBuffer key, ffi::AnyBuffer value
   p->head_size = static_cast<int>(k[2]);
   p->block_size = static_cast<int>(kc[3]);
   p->num_blocks = kc[0];
+  p->key_kind = *kind;
+  p->cache_kind = cache_kind;
   return ffi::Error::Success();
 }
 
@@ -204,12 +354,20 @@ inline ffi::Error UnpackCopyBlocks(ffi::AnyBuffer key_cache, ffi::AnyBuffer valu
                                    ffi::AnyBuffer block_mapping,
                                    ffi::Result<ffi::AnyBuffer> key_cache_out,
                                    ffi::Result<ffi::AnyBuffer> value_cache_out,
-                                   CopyBlocksParams* p, ScalarKind* kind) {
+                                   CopyBlocksParams* p, int* elem_size) {
   auto kc = key_cache.dimensions();
   auto bm = block_mapping.dimensions();
-  if (!ToScalarKind(key_cache.element_type(), kind) ||
-      value_cache.element_type() != key_cache.element_type())
-    return ArgError("caches must share a float32, float16 or bfloat16 dtype");
+  ScalarKind kind;
+  CacheKind fp8;
+  if (ToScalarKind(key_cache.element_type(), &kind)) {
+    *elem_size = ElemSize(kind);
+  } else if (ToFp8Kind(key_cache.element_type(), &fp8)) {
+    *elem_size = 1;
+  } else {
+    return ArgError("caches must be float32, float16, bfloat16, float8_e4m3fn or float8_e5m2");
+  }
+  if (value_cache.element_type() != key_cache.element_type())
+    return ArgError("caches must share a dtype");
   if (kc.size() != 5 || key_cache.element_count() != value_cache.element_count())
     return ArgError("key_cache and value_cache disagree");
   if (block_mapping.element_type() != ffi::DataType::S32 || bm.size() != 2 || bm[1] != 2)

@@ -60,10 +60,18 @@ ffi::Error RunPagedAttention(cudaStream_t stream, PagedAttentionParams& p, Scala
     return ArgError("paged_attention_v2: " + std::to_string(p.max_num_partitions) +
                     " partitions exceed the CUDA grid limit of " +
                     std::to_string(cuda::kMaxGridYZ) + "; use a larger partition_size");
+  if (int64_t{p.num_heads} * p.q_len > INT_MAX)
+    return ArgError(std::string(op) + ": num_heads * q_len overflows the grid");
 
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return CudaError(op, err);
-  const int64_t logit_slots = v2 ? p.partition_size : capacity;
+  // V1 logits: the whole table, or at most the blocks a sliding window touches.
+  int64_t v1_slots = capacity;
+  if (p.sliding_window > 0) {
+    const int64_t window_blocks = (int64_t{p.sliding_window} + p.block_size - 1) / p.block_size;
+    v1_slots = std::min(capacity, (window_blocks + 1) * p.block_size);
+  }
+  const int64_t logit_slots = v2 ? p.partition_size : v1_slots;
   const size_t smem = cuda::PagedAttentionSmemBytes(p.head_size, logit_slots);
   const int optin = cuda::MaxSharedMemoryOptin(device);
   if (optin > 0 && smem > static_cast<size_t>(optin)) {
@@ -79,28 +87,49 @@ ffi::Error RunPagedAttention(cudaStream_t stream, PagedAttentionParams& p, Scala
                     "GPU's " + std::to_string(optin) + "; use impl=\"v2\" for long contexts");
   }
 
-  return DispatchScalar(kind, [&](auto tag) {
-    using T = CudaScalarT<decltype(tag)::value>;
-    return cuda::DispatchHeadSize(p.head_size, [&](auto head) {
-      return cuda::DispatchBlockSize(p.block_size, [&](auto block) {
-        const cudaError_t err =
-            cuda::LaunchPagedAttention<T, decltype(head)::value, decltype(block)::value>(
-                p, v2, smem, device, stream);
-        return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, err);
-      });
+  // Dispatch on (query dtype, cache dtype) -> head size -> block size.
+  auto launch = [&](auto query_type, auto cache_type) {
+    using T = decltype(query_type);
+    using TC = decltype(cache_type);
+    return cuda::DispatchHeadSize(p.head_size, [&](auto head) -> ffi::Error {
+      constexpr int kHead = decltype(head)::value;
+      if constexpr (kHead % (16 / sizeof(TC)) != 0) {
+        return ArgError(std::string(op) + ": fp8 caches need head_size % 16 == 0, got " +
+                        std::to_string(kHead));
+      } else {
+        return cuda::DispatchBlockSize(p.block_size, [&](auto block) {
+          const cudaError_t err =
+              cuda::LaunchPagedAttention<T, TC, kHead, decltype(block)::value>(p, v2, smem,
+                                                                               device, stream);
+          return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, err);
+        });
+      }
     });
+  };
+  if (p.cache_kind == CacheKind::kSameAsQuery) {
+    return DispatchScalar(kind, [&](auto tag) {
+      using T = CudaScalarT<decltype(tag)::value>;
+      return launch(T{}, T{});
+    });
+  }
+  // fp8 caches: one instantiation per cache type, the query dtype at run time.
+  return DispatchFp8(p.cache_kind, [&](auto ctag) {
+    return launch(cuda::RuntimeFloat{}, cuda::CudaFp8T<decltype(ctag)::value>{});
   });
 }
 
 ffi::Error PagedAttentionV1Cuda(cudaStream_t stream, ffi::AnyBuffer query,
                                 ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                                 ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
-                                ffi::AnyBuffer alibi, float scale,
-                                ffi::Result<ffi::AnyBuffer> out) {
+                                ffi::AnyBuffer alibi, ffi::AnyBuffer k_scale,
+                                ffi::AnyBuffer v_scale, float scale, float soft_cap,
+                                int64_t sliding_window, ffi::Result<ffi::AnyBuffer> out,
+                                ffi::Result<ffi::AnyBuffer> lse) {
   PagedAttentionParams p;
   ScalarKind kind = ScalarKind::kF32;
-  if (auto err = UnpackPagedAttention(query, key_cache, value_cache, block_tables, seq_lens,
-                                      alibi, *out, &p, &kind);
+  if (auto err = UnpackPagedAttentionExt(query, key_cache, value_cache, block_tables, seq_lens,
+                                         alibi, k_scale, v_scale, soft_cap, sliding_window, *out,
+                                         *lse, &p, &kind);
       err.failure())
     return err;
   p.scale = scale;
@@ -110,17 +139,24 @@ ffi::Error PagedAttentionV1Cuda(cudaStream_t stream, ffi::AnyBuffer query,
 ffi::Error PagedAttentionV2Cuda(cudaStream_t stream, ffi::AnyBuffer query,
                                 ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                                 ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
-                                ffi::AnyBuffer alibi, float scale, int64_t partition_size,
+                                ffi::AnyBuffer alibi, ffi::AnyBuffer k_scale,
+                                ffi::AnyBuffer v_scale, float scale, float soft_cap,
+                                int64_t sliding_window, int64_t partition_size,
                                 ffi::Result<ffi::AnyBuffer> out,
+                                ffi::Result<ffi::AnyBuffer> lse,
                                 ffi::Result<ffi::AnyBuffer> exp_sums,
                                 ffi::Result<ffi::AnyBuffer> max_logits,
                                 ffi::Result<ffi::AnyBuffer> tmp_out) {
   PagedAttentionParams p;
   ScalarKind kind = ScalarKind::kF32;
-  if (auto err = UnpackPagedAttention(query, key_cache, value_cache, block_tables, seq_lens,
-                                      alibi, *out, &p, &kind);
+  if (auto err = UnpackPagedAttentionExt(query, key_cache, value_cache, block_tables, seq_lens,
+                                         alibi, k_scale, v_scale, soft_cap, sliding_window, *out,
+                                         *lse, &p, &kind);
       err.failure())
     return err;
+  if (partition_size > INT_MAX)
+    return ArgError("paged_attention_v2: partition_size " + std::to_string(partition_size) +
+                    " overflows int32");
   if (auto err = UnpackPartitions(partition_size, *exp_sums, *max_logits, *tmp_out, &p);
       err.failure())
     return err;
@@ -130,17 +166,31 @@ ffi::Error PagedAttentionV2Cuda(cudaStream_t stream, ffi::AnyBuffer query,
 
 ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::AnyBuffer value,
                                ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
-                               ffi::AnyBuffer slot_mapping,
+                               ffi::AnyBuffer slot_mapping, ffi::AnyBuffer k_scale,
+                               ffi::AnyBuffer v_scale,
                                ffi::Result<ffi::AnyBuffer> key_cache_out,
                                ffi::Result<ffi::AnyBuffer> value_cache_out) {
   ReshapeAndCacheParams p;
   ScalarKind kind = ScalarKind::kF32;
-  if (auto err = UnpackReshapeAndCache(key, value, key_cache, value_cache, slot_mapping,
-                                       key_cache_out, value_cache_out, &p, &kind);
+  if (auto err = UnpackReshapeAndCache(key, value, key_cache, value_cache, slot_mapping, k_scale,
+                                       v_scale, key_cache_out, value_cache_out, &p, &kind);
       err.failure())
     return err;
   if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0 || p.num_blocks == 0)
     return ffi::Error::Success();  // nothing to write (or nowhere to write it)
+  if (p.cache_kind != CacheKind::kSameAsQuery) {
+    if (!Aligned16(p.key_cache))
+      return ArgError("reshape_and_cache: key_cache must be 16-byte aligned");
+    return DispatchScalar(kind, [&](auto tag) {
+      using TIN = CudaScalarT<decltype(tag)::value>;
+      return DispatchFp8(p.cache_kind, [&](auto ctag) {
+        const cudaError_t err =
+            cuda::LaunchReshapeAndCacheQuant<TIN, cuda::CudaFp8T<decltype(ctag)::value>>(
+                p, stream);
+        return err == cudaSuccess ? ffi::Error::Success() : CudaError("reshape_and_cache", err);
+      });
+    });
+  }
   if (!Aligned16(p.key) || !Aligned16(p.key_cache))
     return ArgError("reshape_and_cache: key and key_cache must be 16-byte aligned");
   return DispatchScalar(kind, [&](auto tag) {
@@ -155,14 +205,14 @@ ffi::Error CopyBlocksCuda(cudaStream_t stream, ffi::AnyBuffer key_cache,
                           ffi::Result<ffi::AnyBuffer> key_cache_out,
                           ffi::Result<ffi::AnyBuffer> value_cache_out) {
   CopyBlocksParams p;
-  ScalarKind kind = ScalarKind::kF32;
+  int elem_size = 0;
   if (auto err = UnpackCopyBlocks(key_cache, value_cache, block_mapping, key_cache_out,
-                                  value_cache_out, &p, &kind);
+                                  value_cache_out, &p, &elem_size);
       err.failure())
     return err;
   if (p.num_pairs == 0 || p.block_elems == 0) return ffi::Error::Success();
   // Copying is dtype-agnostic: only the element size matters.
-  const cudaError_t err = cuda::LaunchCopyBlocks(p, ElemSize(kind), stream);
+  const cudaError_t err = cuda::LaunchCopyBlocks(p, elem_size, stream);
   return err == cudaSuccess ? ffi::Error::Success() : CudaError("copy_blocks", err);
 }
 
@@ -178,8 +228,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV1Cuda, jax_paged::PagedAttention
                                   .Arg<xla::ffi::AnyBuffer>()  // block_tables
                                   .Arg<xla::ffi::AnyBuffer>()  // seq_lens
                                   .Arg<xla::ffi::AnyBuffer>()  // alibi_slopes
+                                  .Arg<xla::ffi::AnyBuffer>()  // k_scale
+                                  .Arg<xla::ffi::AnyBuffer>()  // v_scale
                                   .Attr<float>("scale")
-                                  .Ret<xla::ffi::AnyBuffer>(),  // out
+                                  .Attr<float>("soft_cap")
+                                  .Attr<int64_t>("sliding_window")
+                                  .Ret<xla::ffi::AnyBuffer>()   // out
+                                  .Ret<xla::ffi::AnyBuffer>(),  // lse
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV2Cuda, jax_paged::PagedAttentionV2Cuda,
@@ -191,9 +246,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV2Cuda, jax_paged::PagedAttention
                                   .Arg<xla::ffi::AnyBuffer>()  // block_tables
                                   .Arg<xla::ffi::AnyBuffer>()  // seq_lens
                                   .Arg<xla::ffi::AnyBuffer>()  // alibi_slopes
+                                  .Arg<xla::ffi::AnyBuffer>()  // k_scale
+                                  .Arg<xla::ffi::AnyBuffer>()  // v_scale
                                   .Attr<float>("scale")
+                                  .Attr<float>("soft_cap")
+                                  .Attr<int64_t>("sliding_window")
                                   .Attr<int64_t>("partition_size")
                                   .Ret<xla::ffi::AnyBuffer>()   // out
+                                  .Ret<xla::ffi::AnyBuffer>()   // lse
                                   .Ret<xla::ffi::AnyBuffer>()   // exp_sums
                                   .Ret<xla::ffi::AnyBuffer>()   // max_logits
                                   .Ret<xla::ffi::AnyBuffer>(),  // tmp_out
@@ -207,6 +267,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedReshapeAndCacheCuda, jax_paged::ReshapeAnd
                                   .Arg<xla::ffi::AnyBuffer>()  // key_cache
                                   .Arg<xla::ffi::AnyBuffer>()  // value_cache
                                   .Arg<xla::ffi::AnyBuffer>()  // slot_mapping
+                                  .Arg<xla::ffi::AnyBuffer>()  // k_scale
+                                  .Arg<xla::ffi::AnyBuffer>()  // v_scale
                                   .Ret<xla::ffi::AnyBuffer>()   // key_cache (aliased)
                                   .Ret<xla::ffi::AnyBuffer>(),  // value_cache (aliased)
                               {xla::ffi::Traits::kCmdBufferCompatible});

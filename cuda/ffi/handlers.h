@@ -2,12 +2,21 @@
 // Python side registers them under the same target names on "cpu" and "CUDA".
 //
 // Call signatures (operands, attributes -> results):
-//   paged_attention_v1: query, key_cache, value_cache, block_tables, seq_lens,
-//                       alibi_slopes ([num_heads] f32, or [0] for none);
-//                       scale: f32  -> out
-//   paged_attention_v2: same operands; scale: f32, partition_size: i64
-//                       -> out, exp_sums, max_logits, tmp_out (workspace)
-//   reshape_and_cache:  key, value, key_cache, value_cache, slot_mapping
+//   paged_attention_v1: query ([S, H, D] or [S, q_len, H, D]), key_cache,
+//                       value_cache (query dtype, or fp8), block_tables,
+//                       seq_lens, alibi_slopes ([num_heads] f32, or [0] for
+//                       none), k_scale, v_scale ([1] / [num_kv_heads] f32, or
+//                       [0] for none); scale: f32, soft_cap: f32 (0 = off),
+//                       sliding_window: i64 (0 = off)
+//                       -> out, lse ([S, (q_len,) H] f32, or [0] = not wanted)
+//   paged_attention_v2: same operands and attributes, plus partition_size: i64
+//                       -> out, lse, exp_sums, max_logits, tmp_out (workspace)
+//   paged_attention_grouped (CUDA only): the original V2 contract (operands
+//                       query [S, H, D] .. alibi_slopes; scale, partition_size
+//                       -> out, exp_sums, max_logits, tmp_out): the split-KV
+//                       GQA-grouped kernel, for plain decode calls only
+//   reshape_and_cache:  key, value, key_cache, value_cache, slot_mapping,
+//                       k_scale, v_scale ([0] = none; fp8 caches only)
 //                       -> key_cache, value_cache   (aliased, in place)
 //   copy_blocks:        key_cache, value_cache, block_mapping
 //                       -> key_cache, value_cache   (aliased, in place)

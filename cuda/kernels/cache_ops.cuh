@@ -62,6 +62,58 @@ cudaError_t LaunchReshapeAndCache(const ReshapeAndCacheParams& p, cudaStream_t s
   return cudaGetLastError();
 }
 
+// Quantised write into fp8 caches (x = 16): cache = sat(value / scale),
+// round to nearest even, saturating to the format's largest finite value
+// (FromFloat<fp8>). One CTA per token, as above; each 16-element chunk of a
+// key becomes one 16-byte store.
+template <typename TIN, typename TC>
+__global__ void __launch_bounds__(kCacheThreads)
+    ReshapeAndCacheQuantKernel(const ReshapeAndCacheParams p) {
+  static_assert(sizeof(TC) == 1, "fp8 caches");
+  constexpr int X = 16;
+  const int64_t token = blockIdx.x;
+  const int64_t slot = p.slot_mapping[token];
+  const int64_t B = p.block_size;
+  if (slot < 0 || slot >= p.num_blocks * B) return;
+  const int64_t block = slot / B;
+  const int64_t offset = slot % B;
+  const int H = p.num_kv_heads;
+  const int D = p.head_size;
+  const int chunks_per_head = D / X;  // D % 16 == 0 (checked by the FFI layer)
+  const int64_t row_elems = static_cast<int64_t>(H) * D;
+
+  const TIN* key = static_cast<const TIN*>(p.key) + token * row_elems;
+  TC* key_cache = static_cast<TC*>(p.key_cache);
+  for (int c = threadIdx.x; c < H * chunks_per_head; c += kCacheThreads) {
+    const int h = c / chunks_per_head;
+    const int cx = c % chunks_per_head;
+    const float ks = p.k_scale != nullptr ? p.k_scale[h * p.k_scale_stride] : 1.0f;
+    uint4 packed;
+    TC* out = reinterpret_cast<TC*>(&packed);
+#pragma unroll
+    for (int i = 0; i < X; ++i)
+      out[i] = FromFloat<TC>(__fdiv_rn(ToFloat(key[static_cast<int64_t>(c) * X + i]), ks));
+    const int64_t dst = (((block * H + h) * chunks_per_head + cx) * B + offset) * X;
+    *reinterpret_cast<uint4*>(key_cache + dst) = packed;
+  }
+
+  const TIN* value = static_cast<const TIN*>(p.value) + token * row_elems;
+  TC* value_cache = static_cast<TC*>(p.value_cache);
+  for (int i = threadIdx.x; i < H * D; i += kCacheThreads) {
+    const int h = i / D;
+    const int d = i % D;
+    const float vs = p.v_scale != nullptr ? p.v_scale[h * p.v_scale_stride] : 1.0f;
+    value_cache[((block * H + h) * D + d) * B + offset] =
+        FromFloat<TC>(__fdiv_rn(ToFloat(value[i]), vs));
+  }
+}
+
+template <typename TIN, typename TC>
+cudaError_t LaunchReshapeAndCacheQuant(const ReshapeAndCacheParams& p, cudaStream_t stream) {
+  ReshapeAndCacheQuantKernel<TIN, TC><<<p.num_tokens, kCacheThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // grid (num_pairs, 2): blockIdx.y selects the key (0) or value (1) cache.
 // Copies the `units` units of type U of block src over block dst. Pairs with
 // src or dst outside [0, num_blocks) are skipped; src == dst is a no-op.
@@ -92,9 +144,12 @@ cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, int elem_size, cudaStrea
   } else if (elem_size == 4) {
     CopyBlocksKernel<unsigned int><<<grid, kCacheThreads, 0, stream>>>(
         p.key_cache, p.value_cache, p.block_mapping, p.num_blocks, bytes / 4);
-  } else {
+  } else if (elem_size == 2) {
     CopyBlocksKernel<unsigned short><<<grid, kCacheThreads, 0, stream>>>(
         p.key_cache, p.value_cache, p.block_mapping, p.num_blocks, bytes / 2);
+  } else {
+    CopyBlocksKernel<unsigned char><<<grid, kCacheThreads, 0, stream>>>(
+        p.key_cache, p.value_cache, p.block_mapping, p.num_blocks, bytes);
   }
   return cudaGetLastError();
 }

@@ -5,9 +5,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "params.h"
 
@@ -32,10 +34,47 @@ struct CudaScalar<ScalarKind::kBF16> {
 template <ScalarKind K>
 using CudaScalarT = typename CudaScalar<K>::type;
 
+// fp8 cache storage types (CacheKind -> CUDA type) and their interpretation.
+template <CacheKind K>
+struct CudaFp8;
+template <>
+struct CudaFp8<CacheKind::kFp8E4M3> {
+  using type = __nv_fp8_e4m3;
+};
+template <>
+struct CudaFp8<CacheKind::kFp8E5M2> {
+  using type = __nv_fp8_e5m2;
+};
+template <CacheKind K>
+using CudaFp8T = typename CudaFp8<K>::type;
+
+template <typename T>
+struct Fp8Traits {
+  static constexpr bool kIsFp8 = false;
+};
+template <>
+struct Fp8Traits<__nv_fp8_e4m3> {
+  static constexpr bool kIsFp8 = true;
+  static constexpr __nv_fp8_interpretation_t kInterp = __NV_E4M3;
+};
+template <>
+struct Fp8Traits<__nv_fp8_e5m2> {
+  static constexpr bool kIsFp8 = true;
+  static constexpr __nv_fp8_interpretation_t kInterp = __NV_E5M2;
+};
+template <typename T>
+constexpr bool kIsFp8 = Fp8Traits<T>::kIsFp8;
+
 // ---- scalar conversions ---------------------------------------------------
 __device__ __forceinline__ float ToFloat(float v) { return v; }
 __device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat(__nv_fp8_e4m3 v) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.__x, __NV_E4M3)));
+}
+__device__ __forceinline__ float ToFloat(__nv_fp8_e5m2 v) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.__x, __NV_E5M2)));
+}
 
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v);
@@ -51,12 +90,30 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
+// fp8: round to nearest even, saturating to the largest finite value (NaN
+// stays NaN): the cache write's quantisation.
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 FromFloat<__nv_fp8_e4m3>(float v) {
+  __nv_fp8_e4m3 out;
+  out.__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  return out;
+}
+template <>
+__device__ __forceinline__ __nv_fp8_e5m2 FromFloat<__nv_fp8_e5m2>(float v) {
+  __nv_fp8_e5m2 out;
+  out.__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+  return out;
+}
 
 // ---- raw vectors ----------------------------------------------------------
 // An unsigned type of exactly BYTES bytes (and that alignment), so that one
 // load instruction moves the whole vector.
 template <int BYTES>
 struct RawBytes;
+template <>
+struct RawBytes<1> {
+  using type = unsigned char;
+};
 template <>
 struct RawBytes<2> {
   using type = unsigned short;
@@ -81,9 +138,21 @@ __device__ __forceinline__ void LoadToFloat(const T* __restrict__ ptr, float (&o
   static_assert(N * sizeof(T) <= 16, "vector wider than 16 bytes");
   using Raw = typename RawBytes<static_cast<int>(N * sizeof(T))>::type;
   const Raw raw = *reinterpret_cast<const Raw*>(ptr);
-  const T* elems = reinterpret_cast<const T*>(&raw);
+  if constexpr (kIsFp8<T> && N % 2 == 0) {
+    // Pairs of fp8 -> half2 (one cvt instruction on sm_89+) -> float2.
+    const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
 #pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = ToFloat(elems[i]);
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 f = __half22float2(
+          __half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], Fp8Traits<T>::kInterp)));
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+    const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = ToFloat(elems[i]);
+  }
 }
 
 // Loads N fp32 values from (shared) memory, 16 bytes at a time where N

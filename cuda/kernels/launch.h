@@ -27,9 +27,17 @@
 #define JAX_PAGED_HEAD_SIZES(X, ...) \
   JAX_PAGED_HEAD_SIZES_A(X, __VA_ARGS__) JAX_PAGED_HEAD_SIZES_B(X, __VA_ARGS__)
 #define JAX_PAGED_BLOCK_SIZES(X, ...) X(__VA_ARGS__, 8) X(__VA_ARGS__, 16) X(__VA_ARGS__, 32)
+// fp8 caches (x = 16) need head_size % 16 == 0: every size above but 120.
+#define JAX_PAGED_FP8_HEAD_SIZES_A(X, ...) \
+  X(__VA_ARGS__, 64) X(__VA_ARGS__, 80) X(__VA_ARGS__, 96) X(__VA_ARGS__, 112)
+#define JAX_PAGED_FP8_HEAD_SIZES_B(X, ...) X(__VA_ARGS__, 128) X(__VA_ARGS__, 192) X(__VA_ARGS__, 256)
 
 namespace jax_paged {
 namespace cuda {
+
+// Query / output "type" of the fp8-cache kernels: the dtype is read at run
+// time from PagedAttentionParams::query_kind (float32, float16 or bfloat16).
+struct RuntimeFloat {};
 
 constexpr int kAttnThreads = 128;  // 4 warps per CTA, as in the seed
 constexpr int kAttnWarps = kAttnThreads / 32;
@@ -66,20 +74,26 @@ inline int MaxSharedMemoryOptin(int device) {
   return value;
 }
 
-// V1 (v2 == false): grid (num_heads, num_seqs), writes p.out.
-// V2 (v2 == true): grid (num_heads, num_seqs, max_num_partitions) writing the
-// workspace, then the reduce kernel, grid (num_heads, num_seqs), writing p.out.
+// V1 (v2 == false): grid (num_heads * q_len, num_seqs), writes p.out.
+// V2 (v2 == true): grid (num_heads * q_len, num_seqs, max_num_partitions)
+// writing the workspace, then the reduce kernel, grid (num_heads * q_len,
+// num_seqs), writing p.out. T: query/out storage type (RuntimeFloat for fp8
+// caches), TC: cache storage type.
 // `smem_bytes` = PagedAttentionSmemBytes(...), already checked against the
 // device's opt-in limit; `device` is the current device. Returns the launch
 // status (cudaGetLastError()).
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+template <typename T, typename TC, int HEAD_SIZE, int BLOCK_SIZE>
 cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t smem_bytes,
                                  int device, cudaStream_t stream);
 
 template <typename T>
 cudaError_t LaunchReshapeAndCache(const ReshapeAndCacheParams& p, cudaStream_t stream);
 
-// elem_size: bytes of one cache element (2 or 4).
+// Quantised write into fp8 caches (TC) from keys/values of type TIN.
+template <typename TIN, typename TC>
+cudaError_t LaunchReshapeAndCacheQuant(const ReshapeAndCacheParams& p, cudaStream_t stream);
+
+// elem_size: bytes of one cache element (1, 2 or 4).
 cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, int elem_size, cudaStream_t stream);
 
 }  // namespace cuda

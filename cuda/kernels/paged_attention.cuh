@@ -2,34 +2,52 @@
 // classic vLLM v0.6.0 design (see /work/shared/seed/BRIEF.md). Framework-free.
 //
 // Semantics (the contract shared with the CPU kernels and the Python
-// reference), per sequence s and query head h:
+// reference), per sequence s, query position qi (of q_len) and query head h:
 //   L      = EffectiveSeqLen(seq_lens[s], max_blocks_per_seq, block_size)
+//   [start, end) = QueryRowRange(L, q_len, qi, sliding_window): the causal
+//            range of the row at position L - q_len + qi, cut to its last
+//            sliding_window tokens (decode: [0, L))
 //   kvh    = h / (num_heads / num_kv_heads)
-//   l_t    = scale * q.k_t + (alibi ? slope[h] * (t - (L - 1)) : 0)
-//   masked = t >= L, or the token's physical block id is outside
-//            [0, num_blocks): excluded from max and sum, K/V never read.
-//            Table entries of logical blocks >= ceil(L / block_size) are never
-//            read at all.
-//   p_t    = exp(l_t - max) / (sum + 1e-6);  out = sum_t p_t v_t
-//   L == 0 or everything masked -> zeros.
-// V2 partition p (tokens [p * ps, min((p + 1) * ps, L))):
+//   l_t    = scale * k_scale[kvh] * q.k_t + (alibi ? slope[h] * (t - (end - 1)) : 0)
+//   l_t    = soft_cap > 0 ? soft_cap * tanh(l_t / soft_cap) : l_t
+//   masked = t outside [start, end), or the token's physical block id is
+//            outside [0, num_blocks): excluded from max and sum, K/V never
+//            read. Table entries of blocks outside [start / block_size,
+//            ceil(end / block_size)) are never read at all.
+//   p_t    = exp(l_t - max) / (sum + 1e-6);  out = v_scale[kvh] * sum_t p_t v_t
+//   lse    = max + log(sum + 1e-6), -inf when sum == 0 (optional output)
+//   Nothing attended -> zeros.
+// V2 partition p (tokens [p * ps, (p + 1) * ps) intersected with the row's range):
 //   m_p = max l_t (-FLT_MAX if none valid), s_p = sum exp(l_t - m_p),
-//   tmp_out_p = sum_t exp(l_t - m_p) v_t / (s_p + 1e-6).
-//   Partitions starting at or past L write m_p = -FLT_MAX, s_p = 0,
+//   tmp_out_p = v_scale * sum_t exp(l_t - m_p) v_t / (s_p + 1e-6).
+//   Partitions that do not overlap the range write m_p = -FLT_MAX, s_p = 0,
 //   tmp_out_p = 0 and exit; the reduce never reads them anyway.
-// Reduce: M = max_p m_p, w_p = s_p exp(m_p - M),
-//   out = sum_p tmp_out_p w_p / (sum_p w_p + 1e-6), over the ceil(L / ps)
-//   partitions that exist (zeros for L == 0).
+// Reduce: M = max_p m_p, w_p = s_p exp(m_p - M), W = sum_p w_p,
+//   out = sum_p tmp_out_p w_p / (W + 1e-6), lse = M + log(W + 1e-6), over
+//   the partitions that overlap the row's range (zeros / -inf for none).
 //
 // V1 and V2 are one kernel template with a run-time `v2` flag (V1 = a single
 // partition covering the whole table, output written directly): the only
 // differences are the token range and where the result goes, and it halves
 // the number of instantiations (build time). The reduce kernel is templated
-// on the dtype only (head size at run time).
+// on the output dtype only (head size at run time).
+//
+// Template parameters: T, the query / output storage type (or RuntimeFloat:
+// chosen at run time from p.query_kind, used with fp8 caches so that they
+// need one instantiation per cache type, not per (query, cache) pair: the
+// query is read once into shared memory as fp32 and the output written once,
+// so the run-time switch costs nothing); TC, the cache storage type (T, or
+// __nv_fp8_e4m3 / __nv_fp8_e5m2, whose x = 16).
+//
+// Multi-token queries fold into the grid: blockIdx.x = head * q_len + qi, so
+// each CTA is one (sequence, position, head) row with its own causal range,
+// and the q_len rows of a head (and the heads of a KV head) are neighbours in
+// the grid: their K/V reads hit L2.
 //
 // Shared memory (all dynamic, PagedAttentionSmemBytes): fp32 query, 8 floats
 // of reduction scratch, fp32 logits: V1 max_blocks_per_seq * block_size
-// slots, V2 partition_size slots, at least 4 * head_size (reused for the
+// slots (with a sliding window w, (ceil(w / block_size) + 1) * block_size
+// at most), V2 partition_size slots, at least 4 * head_size (reused for the
 // cross-warp output reduction).
 //
 // Thread mapping (128 threads = 4 warps per CTA):
@@ -38,12 +56,12 @@
 //   Each lane of a group loads VEC = x / G elements per x-chunk of the key
 //   (the group together reads one 16-byte chunk; the warp reads
 //   BLOCK_SIZE * 16 contiguous bytes), so head_size / x chunks per lane:
-//   integral for every supported head size (head_size % 8 == 0, x <= 8), no
+//   integral for every supported head size (head_size % x == 0), no
 //   remainder. The partial dot is reduced inside the group by shuffles.
-// * PV: V_VEC = x consecutive tokens (16 bytes) per load; BLOCK_SIZE / V_VEC
-//   lanes per V row, 32 / (BLOCK_SIZE / V_VEC) rows per warp per step;
-//   head_size need not be a multiple of that (rows >= head_size are
-//   predicated off).
+// * PV: V_VEC = min(x, BLOCK_SIZE) consecutive tokens (up to 16 bytes) per
+//   load; BLOCK_SIZE / V_VEC lanes per V row, 32 / (BLOCK_SIZE / V_VEC) rows
+//   per warp per step; head_size need not be a multiple of that (rows >=
+//   head_size are predicated off).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -52,6 +70,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "dtypes.cuh"
 #include "launch.h"
@@ -60,11 +79,10 @@
 namespace jax_paged {
 namespace cuda {
 
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+template <typename TC, int HEAD_SIZE, int BLOCK_SIZE>
 struct AttnConfig {
-  static constexpr int kX = 16 / static_cast<int>(sizeof(T));  // K-layout x
-  static_assert(BLOCK_SIZE >= kX && BLOCK_SIZE <= 32 && 32 % BLOCK_SIZE == 0,
-                "block size must divide 32 and hold a 16-byte V vector");
+  static constexpr int kX = 16 / static_cast<int>(sizeof(TC));  // K-layout x
+  static_assert(BLOCK_SIZE <= 32 && 32 % BLOCK_SIZE == 0, "block size must divide 32");
   static_assert(HEAD_SIZE % kX == 0, "head size must be a multiple of x");
   // QK stage.
   static constexpr int kGroup = 32 / BLOCK_SIZE;  // THREAD_GROUP_SIZE
@@ -72,26 +90,83 @@ struct AttnConfig {
   static_assert(kVec >= 1 && kVec * kGroup == kX, "group must split a 16-byte chunk");
   static constexpr int kChunks = HEAD_SIZE / kX;  // x-chunks of one key
   // PV stage.
-  static constexpr int kVVec = kX;  // min(16 / sizeof(T), BLOCK_SIZE)
+  static constexpr int kVVec = kX < BLOCK_SIZE ? kX : BLOCK_SIZE;  // min(16 / sizeof(TC), B)
   static constexpr int kVecsPerRow = BLOCK_SIZE / kVVec;
   static constexpr int kRowsPerIter = 32 / kVecsPerRow;
   static constexpr int kRowsPerThread = (HEAD_SIZE + kRowsPerIter - 1) / kRowsPerIter;
 };
 
-// One CTA per (query head, sequence[, partition]).
-//   v2 == false: one partition covering the whole sequence, writes p.out.
+// ---- query / output of a static or run-time dtype ----------------------------
+
+// Stages query row `row` into shared memory as fp32, one 16-byte chunk per
+// thread.
+template <typename T, int HEAD_SIZE>
+__device__ __forceinline__ void StageQueryAs(const void* query, int64_t row, float* q_smem,
+                                             int tid) {
+  constexpr int QX = 16 / static_cast<int>(sizeof(T));
+  static_assert(HEAD_SIZE % QX == 0 && HEAD_SIZE / QX <= kAttnThreads, "query chunks");
+  if (tid < HEAD_SIZE / QX) {
+    float q[QX];
+    LoadToFloat<T, QX>(static_cast<const T*>(query) + row * HEAD_SIZE + tid * QX, q);
+    StoreFloats<QX>(q_smem + tid * QX, q);
+  }
+}
+
+template <typename T, int HEAD_SIZE>
+__device__ __forceinline__ void StageQuery(const PagedAttentionParams& p, int64_t row,
+                                           float* q_smem, int tid) {
+  if constexpr (std::is_same_v<T, RuntimeFloat>) {
+    switch (p.query_kind) {
+      case ScalarKind::kF32: StageQueryAs<float, HEAD_SIZE>(p.query, row, q_smem, tid); break;
+      case ScalarKind::kF16: StageQueryAs<__half, HEAD_SIZE>(p.query, row, q_smem, tid); break;
+      case ScalarKind::kBF16:
+        StageQueryAs<__nv_bfloat16, HEAD_SIZE>(p.query, row, q_smem, tid);
+        break;
+    }
+  } else {
+    StageQueryAs<T, HEAD_SIZE>(p.query, row, q_smem, tid);
+  }
+}
+
+// out[idx] = v, converted to the output dtype.
+template <typename T>
+__device__ __forceinline__ void StoreOut(const PagedAttentionParams& p, int64_t idx, float v) {
+  if constexpr (std::is_same_v<T, RuntimeFloat>) {
+    switch (p.query_kind) {
+      case ScalarKind::kF32: static_cast<float*>(p.out)[idx] = v; break;
+      case ScalarKind::kF16: static_cast<__half*>(p.out)[idx] = FromFloat<__half>(v); break;
+      case ScalarKind::kBF16:
+        static_cast<__nv_bfloat16*>(p.out)[idx] = FromFloat<__nv_bfloat16>(v);
+        break;
+    }
+  } else {
+    static_cast<T*>(p.out)[idx] = FromFloat<T>(v);
+  }
+}
+
+// log-sum-exp consistent with out = acc / (sum + 1e-6); -inf when empty.
+__device__ __forceinline__ float LogSumExp(float max_logit, float sum) {
+  return sum > 0.0f ? max_logit + logf(sum + 1e-6f) : -INFINITY;
+}
+
+// One CTA per (query head, query position, sequence[, partition]):
+// blockIdx.x = head * q_len + qi, blockIdx.y = sequence - seq_base.
+//   v2 == false: one partition covering the row's whole range, writes p.out
+//                (and p.lse).
 //   v2 == true:  partition blockIdx.z of `part_tokens` tokens, writes
 //                p.max_logits / p.exp_sums / p.tmp_out.
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+template <typename T, typename TC, int HEAD_SIZE, int BLOCK_SIZE>
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionKernel(const PagedAttentionParams p, const int seq_base, const int part_tokens,
                          const bool v2) {
-  using Cfg = AttnConfig<T, HEAD_SIZE, BLOCK_SIZE>;
+  using Cfg = AttnConfig<TC, HEAD_SIZE, BLOCK_SIZE>;
   constexpr int X = Cfg::kX;
   constexpr int G = Cfg::kGroup;
   constexpr int VEC = Cfg::kVec;
 
-  const int head = blockIdx.x;
+  const int q_len = p.q_len;
+  const int head = static_cast<int>(blockIdx.x) / q_len;
+  const int qi = static_cast<int>(blockIdx.x) % q_len;
   const int seq = seq_base + static_cast<int>(blockIdx.y);
   const int part = blockIdx.z;
   const int tid = threadIdx.x;
@@ -99,32 +174,40 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int lane = tid % 32;
 
   const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BLOCK_SIZE);
-  const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;  // (seq, head)
+  const TokenRange range = QueryRowRange(L, q_len, qi, p.sliding_window);
+  // (seq, position, head) row of query / out / lse / workspace.
+  const int64_t row = (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + head;
   const int64_t part_row = row * p.max_num_partitions + part;          // V2 workspace row
 
-  if (v2 && static_cast<int64_t>(part) * part_tokens >= L) {
-    // Nothing to attend to in this partition: leave a well-defined (empty)
-    // partial result and exit. The reduce does not read it.
-    if (tid == 0) {
-      p.max_logits[part_row] = -FLT_MAX;
-      p.exp_sums[part_row] = 0.0f;
-    }
-    for (int d = tid; d < HEAD_SIZE; d += kAttnThreads) p.tmp_out[part_row * HEAD_SIZE + d] = 0.0f;
-    return;
-  }
-
-  const int num_seq_blocks = L / BLOCK_SIZE + (L % BLOCK_SIZE != 0);  // ceil, no overflow
-  int start_blk = 0, end_blk = num_seq_blocks;
+  // Blocks read: those the row's range touches (blocks wholly outside a
+  // sliding window are skipped), within this partition for V2.
+  int start_blk = range.start / BLOCK_SIZE;
+  int end_blk = range.end / BLOCK_SIZE + (range.end % BLOCK_SIZE != 0);  // ceil, no overflow
   if (v2) {
     const int blocks_per_part = part_tokens / BLOCK_SIZE;
-    start_blk = part * blocks_per_part;
-    end_blk = min(start_blk + blocks_per_part, num_seq_blocks);
+    start_blk = max(start_blk, part * blocks_per_part);
+    end_blk = min(end_blk, part * blocks_per_part + blocks_per_part);
+    if (start_blk >= end_blk) {
+      // Nothing to attend to in this partition: leave a well-defined (empty)
+      // partial result and exit. The reduce does not read it.
+      if (tid == 0) {
+        p.max_logits[part_row] = -FLT_MAX;
+        p.exp_sums[part_row] = 0.0f;
+      }
+      for (int d = tid; d < HEAD_SIZE; d += kAttnThreads)
+        p.tmp_out[part_row * HEAD_SIZE + d] = 0.0f;
+      return;
+    }
   }
   const int start_tok = start_blk * BLOCK_SIZE;
-  const int num_slots = (end_blk - start_blk) * BLOCK_SIZE;  // logits used
+  const int num_slots = max(end_blk - start_blk, 0) * BLOCK_SIZE;  // logits used
 
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[head] : 0.0f;
+  const float qk_scale =
+      p.scale * (p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f);
+  const float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
+  const float soft_cap = p.soft_cap;
 
   // Shared memory (all dynamic, see PagedAttentionSmemBytes).
   extern __shared__ float4 smem_f4[];
@@ -133,15 +216,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* logits = red_smem + 2 * kAttnWarps;          // [max(slots, warps * HEAD_SIZE)]
 
   // Stage the query once, in fp32.
-  {
-    const T* q_ptr = static_cast<const T*>(p.query) + row * HEAD_SIZE;
-    static_assert(Cfg::kChunks <= kAttnThreads, "one 16-byte query chunk per thread");
-    if (tid < Cfg::kChunks) {
-      float q[X];
-      LoadToFloat<T, X>(q_ptr + tid * X, q);
-      StoreFloats<X>(q_smem + tid * X, q);
-    }
-  }
+  StageQuery<T, HEAD_SIZE>(p, row, q_smem, tid);
   __syncthreads();
 
   const int32_t* block_table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
@@ -158,20 +233,21 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int t = blk * BLOCK_SIZE + tok_in_blk;
     float qk = -INFINITY;  // masked tokens: exp(-inf - max) == 0 exactly
     if (valid) {
-      const T* k_ptr = static_cast<const T*>(p.key_cache) + phys * kv_block_stride +
-                       kv_head_offset + tok_in_blk * X + group_lane * VEC;
+      const TC* k_ptr = static_cast<const TC*>(p.key_cache) + phys * kv_block_stride +
+                        kv_head_offset + tok_in_blk * X + group_lane * VEC;
       const float* q_ptr = q_smem + group_lane * VEC;
       float dot = 0.0f;
 #pragma unroll
       for (int j = 0; j < Cfg::kChunks; ++j) {
         float k[VEC], q[VEC];
-        LoadToFloat<T, VEC>(k_ptr + j * BLOCK_SIZE * X, k);
+        LoadToFloat<TC, VEC>(k_ptr + j * BLOCK_SIZE * X, k);
         LoadFloats<VEC>(q_ptr + j * X, q);
         dot = DotAcc<VEC>(q, k, dot);
       }
       dot = WarpSum<G>(dot);  // reduce inside the thread group
-      if (t < L) {
-        qk = p.scale * dot + slope * static_cast<float>(t - (L - 1));
+      if (t >= range.start && t < range.end) {
+        qk = qk_scale * dot + slope * static_cast<float>(t - (range.end - 1));
+        if (soft_cap > 0.0f) qk = soft_cap * tanhf(qk / soft_cap);
         qk_max = fmaxf(qk_max, qk);
       }
     }
@@ -201,11 +277,15 @@ __global__ void __launch_bounds__(kAttnThreads)
   exp_sum = red_smem[kAttnWarps];
 #pragma unroll
   for (int w = 1; w < kAttnWarps; ++w) exp_sum += red_smem[kAttnWarps + w];
-  const float inv_sum = 1.0f / (exp_sum + 1e-6f);
+  const float out_scale = v_scale / (exp_sum + 1e-6f);
 
-  if (v2 && tid == 0) {
-    p.max_logits[part_row] = qk_max;
-    p.exp_sums[part_row] = exp_sum;
+  if (tid == 0) {
+    if (v2) {
+      p.max_logits[part_row] = qk_max;
+      p.exp_sums[part_row] = exp_sum;
+    } else if (p.lse != nullptr) {
+      p.lse[row] = LogSumExp(qk_max, exp_sum);
+    }
   }
 
   // ---- PV: out = sum_t e_t v_t (normalised at the end) --------------------
@@ -225,20 +305,23 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int t0 = blk * BLOCK_SIZE + vec_off;
     float probs[V_VEC];
     LoadFloats<V_VEC>(logits + (blk - start_blk) * BLOCK_SIZE + vec_off, probs);
-    const bool tail = blk == num_seq_blocks - 1;
-    const T* v_ptr = static_cast<const T*>(p.value_cache) + phys * kv_block_stride +
-                     kv_head_offset + vec_off;
+    // A block cut by the range (the tail of the last block, the head of a
+    // sliding window's first block).
+    const bool edge = blk * BLOCK_SIZE < range.start || (blk + 1) * BLOCK_SIZE > range.end;
+    const TC* v_ptr = static_cast<const TC*>(p.value_cache) + phys * kv_block_stride +
+                      kv_head_offset + vec_off;
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
       const int r = row0 + i * RPI;
       if (RPT * RPI <= HEAD_SIZE || r < HEAD_SIZE) {
         float v[V_VEC];
-        LoadToFloat<T, V_VEC>(v_ptr + r * BLOCK_SIZE, v);
-        if (tail) {
-          // Slots past L may hold stale data or NaN, and 0 * NaN = NaN:
-          // zero the values, not just their probabilities.
+        LoadToFloat<TC, V_VEC>(v_ptr + r * BLOCK_SIZE, v);
+        if (edge) {
+          // Slots outside the range may hold stale data or NaN, and
+          // 0 * NaN = NaN: zero the values, not just their probabilities.
 #pragma unroll
-          for (int j = 0; j < V_VEC; ++j) v[j] = (t0 + j < L) ? v[j] : 0.0f;
+          for (int j = 0; j < V_VEC; ++j)
+            v[j] = (t0 + j >= range.start && t0 + j < range.end) ? v[j] : 0.0f;
         }
         accs[i] = DotAcc<V_VEC>(probs, v, accs[i]);
       }
@@ -264,19 +347,21 @@ __global__ void __launch_bounds__(kAttnThreads)
     float o = out_smem[d];
 #pragma unroll
     for (int w = 1; w < kAttnWarps; ++w) o += out_smem[w * HEAD_SIZE + d];
-    o *= inv_sum;
+    o *= out_scale;
     if (v2) {
       p.tmp_out[part_row * HEAD_SIZE + d] = o;
     } else {
-      static_cast<T*>(p.out)[row * HEAD_SIZE + d] = FromFloat<T>(o);
+      StoreOut<T>(p, row * HEAD_SIZE + d, o);
     }
   }
 }
 
-// V2 reduce: one CTA per (query head, sequence), head size at run time (at
-// most 2 * kAttnThreads). Reads only the ceil(L / partition_size) partitions
-// that exist; walks them in chunks of kAttnThreads weights kept in shared
-// memory, so any number of partitions works with fixed shared memory.
+// V2 reduce: one CTA per (query head, query position, sequence), grid
+// (num_heads * q_len, sequences), head size at run time (at most 2 *
+// kAttnThreads). Reads only the partitions that overlap the row's range;
+// walks them in chunks of kAttnThreads weights kept in shared memory, so any
+// number of partitions works with fixed shared memory. T: the output dtype
+// (or RuntimeFloat).
 constexpr int kMaxReduceRows = 2;  // head_size <= 2 * kAttnThreads
 
 template <typename T>
@@ -284,19 +369,25 @@ __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionReduceKernel(const PagedAttentionParams p, const int seq_base) {
   __shared__ float w_smem[kAttnThreads];
   __shared__ float red_smem[2 * kAttnWarps];
-  const int head = blockIdx.x;
+  const int q_len = p.q_len;
+  const int head = static_cast<int>(blockIdx.x) / q_len;
+  const int qi = static_cast<int>(blockIdx.x) % q_len;
   const int seq = seq_base + static_cast<int>(blockIdx.y);
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int D = p.head_size;
+  const int PS = p.partition_size;
 
   const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, p.block_size);
-  const int num_parts = L / p.partition_size + (L % p.partition_size != 0);  // ceil
-  const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;
-  const float* max_logits = p.max_logits + row * p.max_num_partitions;
-  const float* exp_sums = p.exp_sums + row * p.max_num_partitions;
-  const float* tmp_out = p.tmp_out + row * p.max_num_partitions * D;
+  const TokenRange range = QueryRowRange(L, q_len, qi, p.sliding_window);
+  const int first = range.start / PS;
+  const int last = range.end > range.start ? range.end / PS + (range.end % PS != 0) : first;
+  const int num_parts = last - first;
+  const int64_t row = (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + head;
+  const float* max_logits = p.max_logits + row * p.max_num_partitions + first;
+  const float* exp_sums = p.exp_sums + row * p.max_num_partitions + first;
+  const float* tmp_out = p.tmp_out + (row * p.max_num_partitions + first) * D;
 
   // Global max M.
   float m = -FLT_MAX;
@@ -337,12 +428,12 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
   for (int w = 1; w < kAttnWarps; ++w) w_sum += red_smem[kAttnWarps + w];
   const float inv = 1.0f / (w_sum + 1e-6f);
+  if (tid == 0 && p.lse != nullptr) p.lse[row] = LogSumExp(m, w_sum);
 
-  T* out = static_cast<T*>(p.out) + row * D;
 #pragma unroll
   for (int r = 0; r < kMaxReduceRows; ++r) {
     const int d = tid + r * kAttnThreads;
-    if (d < D) out[d] = FromFloat<T>(acc[r] * inv);
+    if (d < D) StoreOut<T>(p, row * D + d, acc[r] * inv);
   }
 }
 
@@ -363,11 +454,11 @@ cudaError_t EnsureSmemOptin(Kernel kernel, size_t smem_bytes, int device,
   return cudaSuccess;
 }
 
-template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+template <typename T, typename TC, int HEAD_SIZE, int BLOCK_SIZE>
 cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t smem_bytes,
                                  int device, cudaStream_t stream) {
   static std::atomic<bool> smem_configured[kMaxDevices];
-  auto kernel = &PagedAttentionKernel<T, HEAD_SIZE, BLOCK_SIZE>;
+  auto kernel = &PagedAttentionKernel<T, TC, HEAD_SIZE, BLOCK_SIZE>;
   if (cudaError_t err = EnsureSmemOptin(kernel, smem_bytes, device, smem_configured);
       err != cudaSuccess)
     return err;
@@ -375,9 +466,9 @@ cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t 
   const int parts = v2 ? p.max_num_partitions : 1;
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    kernel<<<dim3(p.num_heads, n, parts), kAttnThreads, smem_bytes, stream>>>(p, base, part_tokens,
-                                                                            v2);
-    if (v2) PagedAttentionReduceKernel<T><<<dim3(p.num_heads, n), kAttnThreads, 0, stream>>>(p, base);
+    const unsigned rows = static_cast<unsigned>(p.num_heads) * static_cast<unsigned>(p.q_len);
+    kernel<<<dim3(rows, n, parts), kAttnThreads, smem_bytes, stream>>>(p, base, part_tokens, v2);
+    if (v2) PagedAttentionReduceKernel<T><<<dim3(rows, n), kAttnThreads, 0, stream>>>(p, base);
   }
   return cudaGetLastError();
 }
@@ -387,8 +478,14 @@ cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t 
 
 // Explicit instantiation of the launchers of one dtype for a list of head
 // sizes (used by the cuda/ffi/cuda_attn_*.cu translation units).
-#define JAX_PAGED_INSTANTIATE_ATTN_HB(T, H, B)                                          \
-  template cudaError_t jax_paged::cuda::LaunchPagedAttention<T, H, B>(                  \
+#define JAX_PAGED_INSTANTIATE_ATTN_HB(T, TC, H, B)                                      \
+  template cudaError_t jax_paged::cuda::LaunchPagedAttention<T, TC, H, B>(              \
       const jax_paged::PagedAttentionParams&, bool, size_t, int, cudaStream_t);
-#define JAX_PAGED_INSTANTIATE_ATTN_H(T, H) JAX_PAGED_BLOCK_SIZES(JAX_PAGED_INSTANTIATE_ATTN_HB, T, H)
+// Caches of the query's dtype T.
+#define JAX_PAGED_INSTANTIATE_ATTN_H(T, H) \
+  JAX_PAGED_BLOCK_SIZES(JAX_PAGED_INSTANTIATE_ATTN_HB, T, T, H)
+// fp8 caches of type TC, query dtype chosen at run time.
+#define JAX_PAGED_INSTANTIATE_ATTN_FP8_H(TC, H) \
+  JAX_PAGED_BLOCK_SIZES(JAX_PAGED_INSTANTIATE_ATTN_HB, jax_paged::cuda::RuntimeFloat, TC, H)
 // Usage: JAX_PAGED_HEAD_SIZES_A(JAX_PAGED_INSTANTIATE_ATTN_H, __half)
+//        JAX_PAGED_FP8_HEAD_SIZES_A(JAX_PAGED_INSTANTIATE_ATTN_FP8_H, __nv_fp8_e4m3)

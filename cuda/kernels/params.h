@@ -11,6 +11,12 @@ namespace jax_paged {
 // dtypes to these; each backend maps them to its own C++ storage type.
 enum class ScalarKind { kF32, kF16, kBF16 };
 
+// Element kind of the KV cache relative to the query: the query's own dtype
+// (the seed's case), or an fp8 format, dequantised on read with k_scale /
+// v_scale (value * scale) and quantised on write (value / scale, saturating,
+// round to nearest even). fp8 caches use x = 16 in the K layout.
+enum class CacheKind { kSameAsQuery, kFp8E4M3, kFp8E5M2 };
+
 struct PagedAttentionParams {
   // out          [num_seqs, num_heads, head_size]                 (query dtype)
   void* out = nullptr;
@@ -50,6 +56,32 @@ struct PagedAttentionParams {
   float scale = 1.0f;
   int partition_size = 512;      // V2 tokens per partition (multiple of block_size)
   int max_num_partitions = 1;    // ceil(max_blocks_per_seq * block_size / partition_size)
+
+  // ---- extensions (issue 6). The defaults give the seed's decode semantics,
+  // so code that fills only the fields above is unaffected. -----------------
+  // Multi-token queries: query and out are [num_seqs, q_len, num_heads,
+  // head_size]; query row i of sequence s sits at position L - q_len + i and
+  // attends tokens [start, end) of QueryRowRange below (causal). The V2
+  // workspace and lse then have num_seqs * q_len rows of num_heads.
+  int q_len = 1;
+  // > 0: logit = soft_cap * tanh(logit / soft_cap), after scale and ALiBi,
+  // before masking and softmax. 0: off.
+  float soft_cap = 0.0f;
+  // > 0: a row attends only its last `sliding_window` tokens. 0: off.
+  int sliding_window = 0;
+  // Dequantisation scales (fp8 caches only), float32, one per tensor
+  // (stride 0) or one per KV head (stride 1); nullptr means 1.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int k_scale_stride = 0;
+  int v_scale_stride = 0;
+  // Optional log-sum-exp output, float32 [num_seqs, q_len, num_heads]:
+  // lse = max + log(sum + 1e-6) (consistent with out's normalisation, so
+  // out * exp(lse) = sum_t exp(l_t) v_t), -inf when nothing is attended.
+  float* lse = nullptr;
+  // dtype of query/out, and of the caches relative to it.
+  ScalarKind query_kind = ScalarKind::kF32;
+  CacheKind cache_kind = CacheKind::kSameAsQuery;
 };
 
 struct ReshapeAndCacheParams {
@@ -67,6 +99,14 @@ struct ReshapeAndCacheParams {
   int head_size = 0;
   int block_size = 0;
   int64_t num_blocks = 0;
+  // Quantised write (fp8 caches): cache = sat(value / scale), scales as in
+  // PagedAttentionParams (nullptr = 1). key/value are then of key_kind.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int k_scale_stride = 0;
+  int v_scale_stride = 0;
+  ScalarKind key_kind = ScalarKind::kF32;
+  CacheKind cache_kind = CacheKind::kSameAsQuery;
 };
 
 struct CopyBlocksParams {
@@ -92,6 +132,27 @@ inline
     int EffectiveSeqLen(int32_t seq_len, int max_blocks_per_seq, int block_size) {
   const int capacity = max_blocks_per_seq * block_size;
   return seq_len < 0 ? 0 : (seq_len > capacity ? capacity : seq_len);
+}
+
+// Tokens [start, end) attended by query row `qi` of a sequence of effective
+// length L with q_len new tokens: the row sits at position L - q_len + qi
+// (causal: end = that position + 1, at least 0) and, with a sliding window
+// w > 0, sees only its last w tokens (start = max(0, end - w)). q_len = 1,
+// w = 0 gives the decode case [0, L). ALiBi for the row is
+// slope * (t - (end - 1)).
+struct TokenRange {
+  int start;
+  int end;
+};
+inline
+#ifdef __CUDACC__
+    __host__ __device__
+#endif
+    TokenRange QueryRowRange(int L, int q_len, int qi, int sliding_window) {
+  int end = L - q_len + 1 + qi;
+  if (end < 0) end = 0;
+  const int start = (sliding_window > 0 && end > sliding_window) ? end - sliding_window : 0;
+  return TokenRange{start, end};
 }
 
 }  // namespace jax_paged

@@ -289,6 +289,35 @@ inline ffi::Error UnpackPartitions(int64_t partition_size, ffi::AnyBuffer exp_su
 // Unpacks the cache write. Caches of key's dtype (k_scale / v_scale empty),
 // or fp8 caches with float32/float16/bfloat16 keys and optional scales
 // (0, 1 or num_kv_heads float32 elements). `kind` is the key's dtype.
+// The in-place cache ops lower with operand_output_aliases, so XLA normally
+// hands the handler the same buffer as operand and result, and nothing needs
+// copying. It does not always: on CUDA, while tracing a command buffer inside
+// a loop, distinct buffers were seen. Then the result must first become a copy
+// of the operand (or everything but the written slots would be lost); the
+// handler does that on its own stream / thread before the kernel runs.
+struct UnaliasedCaches {
+  const void* src[2] = {nullptr, nullptr};
+  void* dst[2] = {nullptr, nullptr};
+  size_t bytes[2] = {0, 0};
+  int count = 0;
+};
+
+inline UnaliasedCaches FindUnaliasedCaches(ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
+                                           ffi::Result<ffi::AnyBuffer> key_cache_out,
+                                           ffi::Result<ffi::AnyBuffer> value_cache_out) {
+  UnaliasedCaches c;
+  const ffi::AnyBuffer* in[2] = {&key_cache, &value_cache};
+  ffi::AnyBuffer* out[2] = {&*key_cache_out, &*value_cache_out};
+  for (int i = 0; i < 2; ++i) {
+    if (in[i]->untyped_data() == out[i]->untyped_data() || in[i]->size_bytes() == 0) continue;
+    c.src[c.count] = in[i]->untyped_data();
+    c.dst[c.count] = out[i]->untyped_data();
+    c.bytes[c.count] = in[i]->size_bytes();
+    ++c.count;
+  }
+  return c;
+}
+
 inline ffi::Error UnpackReshapeAndCache(ffi::AnyBuffer key, ffi::AnyBuffer value,
                                         ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                                         ffi::AnyBuffer slot_mapping, ffi::AnyBuffer k_scale,
@@ -329,12 +358,6 @@ inline ffi::Error UnpackReshapeAndCache(ffi::AnyBuffer key, ffi::AnyBuffer value
                                      &p->v_scale, &p->v_scale_stride);
       err.failure())
     return err;
-  // In-place update: the results alias the cache operands (Python lowers with
-  // operand_output_aliases); if XLA ever hands us distinct buffers we would
-  // silently drop the rest of the cache, so refuse.
-  if (key_cache_out->untyped_data() != key_cache.untyped_data() ||
-      value_cache_out->untyped_data() != value_cache.untyped_data())
-    return ArgError("reshape_and_cache expects its cache results to alias its cache operands");
   p->key = key.untyped_data();
   p->value = value.untyped_data();
   p->key_cache = key_cache_out->untyped_data();
@@ -372,9 +395,6 @@ inline ffi::Error UnpackCopyBlocks(ffi::AnyBuffer key_cache, ffi::AnyBuffer valu
     return ArgError("key_cache and value_cache disagree");
   if (block_mapping.element_type() != ffi::DataType::S32 || bm.size() != 2 || bm[1] != 2)
     return ArgError("block_mapping must be int32 [num_pairs, 2], got " + DimsToString(bm));
-  if (key_cache_out->untyped_data() != key_cache.untyped_data() ||
-      value_cache_out->untyped_data() != value_cache.untyped_data())
-    return ArgError("copy_blocks expects its cache results to alias its cache operands");
   p->key_cache = key_cache_out->untyped_data();
   p->value_cache = value_cache_out->untyped_data();
   p->block_mapping = reinterpret_cast<const int32_t*>(block_mapping.untyped_data());

@@ -1,11 +1,18 @@
 // XLA FFI handlers for the CPU kernels: unpack + check (common.h), dispatch on
 // the element type, run.
+#include <cstring>
+
 #include "../cpu/paged_attention_cpu.h"
 #include "common.h"
 #include "handlers.h"
 
 namespace jax_paged {
 namespace {
+
+// See UnaliasedCaches (common.h): normally a no-op.
+void CopyUnaliasedCaches(const UnaliasedCaches& c) {
+  for (int i = 0; i < c.count; ++i) std::memcpy(c.dst[i], c.src[i], c.bytes[i]);
+}
 
 using cpu::CpuCache;
 using cpu::CpuScalar;
@@ -81,6 +88,7 @@ ffi::Error ReshapeAndCacheCpu(ffi::AnyBuffer key, ffi::AnyBuffer value, ffi::Any
                                        v_scale, key_cache_out, value_cache_out, &p, &kind);
       err.failure())
     return err;
+  CopyUnaliasedCaches(FindUnaliasedCaches(key_cache, value_cache, key_cache_out, value_cache_out));
   return DispatchAttentionTypes(kind, p.cache_kind, [&](auto t, auto tc) {
     cpu::ReshapeAndCache<decltype(t), decltype(tc)>(p);
     return ffi::Error::Success();
@@ -96,6 +104,7 @@ ffi::Error CopyBlocksCpu(ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                                   value_cache_out, &p, &elem_size);
       err.failure())
     return err;
+  CopyUnaliasedCaches(FindUnaliasedCaches(key_cache, value_cache, key_cache_out, value_cache_out));
   cpu::CopyBlocks(p, elem_size);
   return ffi::Error::Success();
 }

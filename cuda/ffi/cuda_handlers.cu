@@ -41,6 +41,18 @@ ffi::Error CudaError(const char* op, cudaError_t err) {
                               cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
+// See UnaliasedCaches (common.h): normally a no-op. The copy is an async
+// device-to-device copy on the handler's stream, so it stays capturable in a
+// CUDA graph and ordered before the kernel that writes the result.
+ffi::Error CopyUnaliasedCaches(const UnaliasedCaches& c, cudaStream_t stream) {
+  for (int i = 0; i < c.count; ++i) {
+    const cudaError_t err =
+        cudaMemcpyAsync(c.dst[i], c.src[i], c.bytes[i], cudaMemcpyDeviceToDevice, stream);
+    if (err != cudaSuccess) return CudaError("copying an unaliased cache", err);
+  }
+  return ffi::Error::Success();
+}
+
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 ffi::Error RunPagedAttention(cudaStream_t stream, PagedAttentionParams& p, ScalarKind kind,
@@ -176,6 +188,10 @@ ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::Any
                                        v_scale, key_cache_out, value_cache_out, &p, &kind);
       err.failure())
     return err;
+  if (auto err = CopyUnaliasedCaches(
+          FindUnaliasedCaches(key_cache, value_cache, key_cache_out, value_cache_out), stream);
+      err.failure())
+    return err;
   if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0 || p.num_blocks == 0)
     return ffi::Error::Success();  // nothing to write (or nowhere to write it)
   if (p.cache_kind != CacheKind::kSameAsQuery) {
@@ -208,6 +224,10 @@ ffi::Error CopyBlocksCuda(cudaStream_t stream, ffi::AnyBuffer key_cache,
   int elem_size = 0;
   if (auto err = UnpackCopyBlocks(key_cache, value_cache, block_mapping, key_cache_out,
                                   value_cache_out, &p, &elem_size);
+      err.failure())
+    return err;
+  if (auto err = CopyUnaliasedCaches(
+          FindUnaliasedCaches(key_cache, value_cache, key_cache_out, value_cache_out), stream);
       err.failure())
     return err;
   if (p.num_pairs == 0 || p.block_elems == 0) return ffi::Error::Success();

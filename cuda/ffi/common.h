@@ -15,7 +15,7 @@
 #include <string>
 #include <utility>
 
-#include "xla/ffi/api/ffi.h"
+#include "xla_ffi.h"
 #include "../kernels/params.h"
 
 namespace jax_paged {
@@ -402,6 +402,26 @@ inline ffi::Error UnpackCopyBlocks(ffi::AnyBuffer key_cache, ffi::AnyBuffer valu
   p->num_blocks = kc[0];
   p->block_elems = kc[0] == 0 ? 0 : static_cast<int64_t>(key_cache.element_count()) / kc[0];
   return ffi::Error::Success();
+}
+
+// The operands and attributes the V1, V2 (and CPU / CUDA) attention handlers
+// share, appended to `binding` (ffi::Ffi::Bind(), plus the stream context on
+// CUDA); V1 then adds its results, V2 its partition size and results.
+template <typename Binding>
+auto BindAttentionOperands(Binding binding) {
+  // Binding's builder methods are rvalue-qualified.
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()            // query
+      .template Arg<ffi::AnyBuffer>()            // key_cache
+      .template Arg<ffi::AnyBuffer>()            // value_cache
+      .template Arg<ffi::AnyBuffer>()            // block_tables
+      .template Arg<ffi::AnyBuffer>()            // seq_lens
+      .template Arg<ffi::AnyBuffer>()            // alibi_slopes
+      .template Arg<ffi::AnyBuffer>()            // k_scale
+      .template Arg<ffi::AnyBuffer>()            // v_scale
+      .template Attr<float>("scale")
+      .template Attr<float>("soft_cap")
+      .template Attr<int64_t>("sliding_window");
 }
 
 }  // namespace jax_paged

@@ -115,34 +115,12 @@ ffi::Error CopyBlocksCpu(ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
 namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV1Cpu, jax_paged::PagedAttentionV1Cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // query
-                                  .Arg<ffi::AnyBuffer>()  // key_cache
-                                  .Arg<ffi::AnyBuffer>()  // value_cache
-                                  .Arg<ffi::AnyBuffer>()  // block_tables
-                                  .Arg<ffi::AnyBuffer>()  // seq_lens
-                                  .Arg<ffi::AnyBuffer>()  // alibi_slopes
-                                  .Arg<ffi::AnyBuffer>()  // k_scale
-                                  .Arg<ffi::AnyBuffer>()  // v_scale
-                                  .Attr<float>("scale")
-                                  .Attr<float>("soft_cap")
-                                  .Attr<int64_t>("sliding_window")
-                                  .Ret<ffi::AnyBuffer>()    // out
+                              jax_paged::BindAttentionOperands(ffi::Ffi::Bind())
+                                  .Ret<ffi::AnyBuffer>()   // out
                                   .Ret<ffi::AnyBuffer>());  // lse
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV2Cpu, jax_paged::PagedAttentionV2Cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()  // k_scale
-                                  .Arg<ffi::AnyBuffer>()  // v_scale
-                                  .Attr<float>("scale")
-                                  .Attr<float>("soft_cap")
-                                  .Attr<int64_t>("sliding_window")
+                              jax_paged::BindAttentionOperands(ffi::Ffi::Bind())
                                   .Attr<int64_t>("partition_size")
                                   .Ret<ffi::AnyBuffer>()   // out
                                   .Ret<ffi::AnyBuffer>()   // lse

@@ -7,14 +7,7 @@
 // instantiated in cuda_grouped_{f32,f16,bf16}.cu.
 #include <cuda_runtime.h>
 
-#pragma nv_diag_suppress 940
-#pragma nv_diag_suppress 2473
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wreturn-type"
-#include "xla/ffi/api/ffi.h"
-#pragma GCC diagnostic pop
-#pragma nv_diag_default 940
-#pragma nv_diag_default 2473
+#include "xla_ffi.h"
 
 #include <atomic>
 #include <climits>

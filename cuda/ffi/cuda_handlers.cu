@@ -9,17 +9,7 @@
 // cuda_cache_ops.cu.
 #include <cuda_runtime.h>
 
-// The XLA FFI headers trip a few harmless nvcc/gcc warnings (missing return
-// after an exhaustive switch, always_inline on templates); keep them quiet so
-// that our own warnings stand out.
-#pragma nv_diag_suppress 940
-#pragma nv_diag_suppress 2473
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wreturn-type"
-#include "xla/ffi/api/ffi.h"
-#pragma GCC diagnostic pop
-#pragma nv_diag_default 940
-#pragma nv_diag_default 2473
+#include "xla_ffi.h"
 
 #include <climits>
 #include <cstdint>
@@ -237,40 +227,22 @@ ffi::Error CopyBlocksCuda(cudaStream_t stream, ffi::AnyBuffer key_cache,
 }
 
 }  // namespace
+
+// Every CUDA handler runs on XLA's stream for the computation.
+inline auto StreamBinding() {
+  return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>();
+}
+
 }  // namespace jax_paged
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV1Cuda, jax_paged::PagedAttentionV1Cuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // query
-                                  .Arg<xla::ffi::AnyBuffer>()  // key_cache
-                                  .Arg<xla::ffi::AnyBuffer>()  // value_cache
-                                  .Arg<xla::ffi::AnyBuffer>()  // block_tables
-                                  .Arg<xla::ffi::AnyBuffer>()  // seq_lens
-                                  .Arg<xla::ffi::AnyBuffer>()  // alibi_slopes
-                                  .Arg<xla::ffi::AnyBuffer>()  // k_scale
-                                  .Arg<xla::ffi::AnyBuffer>()  // v_scale
-                                  .Attr<float>("scale")
-                                  .Attr<float>("soft_cap")
-                                  .Attr<int64_t>("sliding_window")
+                              jax_paged::BindAttentionOperands(jax_paged::StreamBinding())
                                   .Ret<xla::ffi::AnyBuffer>()   // out
                                   .Ret<xla::ffi::AnyBuffer>(),  // lse
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV2Cuda, jax_paged::PagedAttentionV2Cuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // query
-                                  .Arg<xla::ffi::AnyBuffer>()  // key_cache
-                                  .Arg<xla::ffi::AnyBuffer>()  // value_cache
-                                  .Arg<xla::ffi::AnyBuffer>()  // block_tables
-                                  .Arg<xla::ffi::AnyBuffer>()  // seq_lens
-                                  .Arg<xla::ffi::AnyBuffer>()  // alibi_slopes
-                                  .Arg<xla::ffi::AnyBuffer>()  // k_scale
-                                  .Arg<xla::ffi::AnyBuffer>()  // v_scale
-                                  .Attr<float>("scale")
-                                  .Attr<float>("soft_cap")
-                                  .Attr<int64_t>("sliding_window")
+                              jax_paged::BindAttentionOperands(jax_paged::StreamBinding())
                                   .Attr<int64_t>("partition_size")
                                   .Ret<xla::ffi::AnyBuffer>()   // out
                                   .Ret<xla::ffi::AnyBuffer>()   // lse

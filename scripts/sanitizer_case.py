@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A small GPU case for compute-sanitizer: every jax_paged kernel once, checked.
 
-Runs paged_attention V1 and V2 (several dtypes, head sizes, block sizes, GQA/MHA/MQA,
-ALiBi, multi-partition V2, -1 padding in the block tables, poisoned unused blocks),
+Runs paged_attention V1, V2 and grouped (several dtypes, head sizes, block sizes, GQA/MHA/MQA,
+ALiBi, multi-partition V2, -1 padding in the block tables, poisoned unused blocks; V1
+and V2 also with 3 query rows, soft cap, sliding window and LSE output),
 reshape_and_cache (with skipped and out-of-range slots, caches donated) and
 copy_blocks (with out-of-range pairs, caches donated), each against
 jax_paged.reference. Small inputs: under the sanitizer every launch is slow.
@@ -104,11 +105,25 @@ def main() -> int:
             slopes = (jax.device_put(jnp.asarray(2.0 ** -(np.arange(hq) + 1.0), jnp.float32), dev)
                       if alibi else None)
             want = jax.jit(lambda *a: ref.paged_attention(*a, alibi_slopes=slopes))(q, kc, vc, bt, sl)
-            for impl in ("v1", "v2"):
+            for impl in ("v1", "v2", "grouped"):
                 got = jax.jit(lambda *a, impl=impl: jp.paged_attention(
                     *a, alibi_slopes=slopes, impl=impl))(q, kc, vc, bt, sl)
                 got = jax.block_until_ready(got)
                 report(f"paged_attention {impl} {name}", rel_err(got, want), TOL[dtype])
+            # The issue-6 paths of the classic kernels: 3 query rows per sequence
+            # (causal among them), soft cap, a sliding window, the LSE output.
+            q3 = jnp.repeat(q[:, None], 3, axis=1) * jnp.asarray([1.0, -0.5, 0.25], q.dtype)[
+                None, :, None, None]
+            kwargs = dict(alibi_slopes=slopes, soft_cap=20.0, sliding_window=2 * bs + 3,
+                          return_lse=True)
+            want = jax.jit(lambda *a: ref.paged_attention(*a, **kwargs))(q3, kc, vc, bt, sl)
+            for impl in ("v1", "v2"):
+                got = jax.jit(lambda *a, impl=impl: jp.paged_attention(*a, impl=impl, **kwargs))(
+                    q3, kc, vc, bt, sl)
+                got = jax.block_until_ready(got)
+                report(f"paged_attention {impl} q_len 3 soft cap window lse {name}",
+                       max(rel_err(got[0], want[0]), rel_err(jnp.exp(got[1]), jnp.exp(want[1]))),
+                       TOL[dtype])
         except Exception:
             failures += 1
             print(f"FAIL paged_attention {name}: exception\n{traceback.format_exc()}", flush=True)

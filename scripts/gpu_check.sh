@@ -7,7 +7,7 @@
 # when any stage that ran failed):
 #   1. install   python3 -m pip install --no-build-isolation --no-deps -e .   (builds the CUDA module)
 #   2. env       GPU name (nvidia-smi), jax version, jax.devices(), nvcc, jax_paged CUDA kernels
-#   3. tests     python3 -m pytest -x -q tests   (GPU tests select themselves when a GPU is present)
+#   3. tests     python3 -m pytest -q -k gpu tests   (the GPU cases; CPU cases run in CI)
 #   4. sanitizer compute-sanitizer --tool memcheck over scripts/sanitizer_case.py
 #   5. bench     benchmarks/bench_paged_attention.py (JSON + PNG)
 #   6. summary   printed last, also written to summary.txt
@@ -19,12 +19,12 @@
 #   PYTHON           interpreter (default python3)
 #   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
 #   BENCH_ARGS       extra benchmark arguments, e.g. BENCH_ARGS="--config 16,40,8,4096 --reps 9"
-#   PYTEST_ARGS      default "-x -q"
+#   PYTEST_ARGS      default "-q -k gpu" (the GPU cases; the CPU cases run in CI)
 #   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":
 #                    XLA's own probing calls return CUDA errors by design; a failed launch
 #                    of ours surfaces as a Python exception and fails the case anyway)
 #   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT   seconds per stage
-#                    (defaults 420 / 300 / 240 / 420)
+#                    (defaults 420 / 540 / 240 / 420)
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -118,7 +118,7 @@ if [ "${SKIP_TESTS:-0}" = 1 ]; then
   skip_stage tests SKIP_TESTS=1
 else
   # shellcheck disable=SC2086
-  run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-300}" "$PY" -m pytest ${PYTEST_ARGS:--x -q} tests
+  run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" -m pytest ${PYTEST_ARGS:--q -k gpu} tests
   DETAIL[tests]=$(grep -E "[0-9]+ (passed|failed|errors?|skipped)|no tests ran" "$OUTDIR/tests.log" | tail -n 1 | sed 's/=//g; s/^ *//')
   [ -z "${DETAIL[tests]}" ] && DETAIL[tests]="no pytest summary line; last: $(tail -n 1 "$OUTDIR/tests.log" | cut -c1-100)"
 fi

@@ -159,3 +159,16 @@ def page_walk_attention(query, key_cache, value_cache, block_tables, seq_lens, s
                 p = np.exp(np.array(logits) - max(logits))
                 out[s, h] = (p / p.sum()) @ np.array(vs)
     return out
+
+
+def count_prims(jaxpr, prim) -> int:
+    """Occurrences of a primitive in a jaxpr, nested jaxprs (custom_vjp, jit) included."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += eqn.primitive is prim
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    n += count_prims(sub, prim)
+    return n

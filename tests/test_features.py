@@ -17,7 +17,8 @@ import pytest
 import jax_paged
 from jax_paged import primitives, reference
 from conftest import requires_gpu
-from paged_inputs import TOLERANCES, assert_close, make_paged_inputs, on, reference_on_cpu
+from paged_inputs import (TOLERANCES, assert_close, count_prims, make_paged_inputs, on,
+                          reference_on_cpu)
 
 FP8 = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 IMPLS = ["v1", "v2", "grouped"]
@@ -569,18 +570,6 @@ def test_fp8_write_then_attend_in_jitted_loop_with_donation(platform):
 
 
 # ---- transformations -------------------------------------------------------------
-
-def count_prims(jaxpr, prim) -> int:
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += eqn.primitive is prim
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    n += count_prims(sub, prim)
-    return n
-
 
 def test_vmap_with_features_is_one_call(platform):
     rng = np.random.default_rng(20)

@@ -9,21 +9,8 @@ from jax.experimental import checkify
 
 import jax_paged
 from jax_paged import primitives, reference
-from paged_inputs import (TOLERANCES, assert_close, dense_attention, make_paged_inputs, on,
-                          reference_on_cpu)
-
-
-def count_prims(jaxpr, prim) -> int:
-    """Occurrences of a primitive in a jaxpr, nested jaxprs (custom_vjp, jit) included."""
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += eqn.primitive is prim
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    n += count_prims(sub, prim)
-    return n
+from paged_inputs import (TOLERANCES, assert_close, count_prims, dense_attention,
+                          make_paged_inputs, on, reference_on_cpu)
 
 
 # ---- vmap ------------------------------------------------------------------

@@ -180,6 +180,30 @@ inline float LogSumExp(float m, float sum) {
   return sum > 0.0f ? m + std::log(sum + 1e-6f) : -INFINITY;
 }
 
+// Per-work-item scratch: the R = q_len * G query rows of one KV head.
+struct ItemBuffers {
+  std::vector<float> q, acc, m, sum, slopes, logits;
+  ItemBuffers(int R, int D)
+      : q(static_cast<size_t>(R) * D), acc(static_cast<size_t>(R) * D), m(R), sum(R),
+        slopes(R) {}
+};
+
+// One work item of V1 or V2: loads the rows' queries, ALiBi slopes and the
+// KV head's fp8 scales, and attends each row over its span. Leaves
+// m / sum / acc in `b`; returns the V scale the caller applies to acc.
+template <typename T, typename TC>
+float AttendItem(const PagedAttentionParams& p, int s, int kvh, const RowSpan* rows,
+                 ItemBuffers& b) {
+  const int G = p.num_heads / p.num_kv_heads, R = p.q_len * G;
+  if (p.alibi_slopes)
+    for (int r = 0; r < R; ++r) b.slopes[r] = p.alibi_slopes[kvh * G + r % G];
+  LoadQueryRows<T>(p, s, kvh, b.q.data());
+  const float qk_scale = p.scale * ScaleOf(p.k_scale, p.k_scale_stride, kvh);
+  AttendRows<TC>(p, s, kvh, rows, R, qk_scale, p.alibi_slopes ? b.slopes.data() : nullptr,
+                 b.q.data(), b.logits, b.acc.data(), b.m.data(), b.sum.data());
+  return ScaleOf(p.v_scale, p.v_scale_stride, kvh);
+}
+
 template <typename T, typename TC>
 void PagedAttentionV1(const PagedAttentionParams& p) {
   const int G = p.num_heads / p.num_kv_heads, D = p.head_size;
@@ -190,17 +214,11 @@ void PagedAttentionV1(const PagedAttentionParams& p) {
     const int s = static_cast<int>(item / p.num_kv_heads);
     const int kvh = static_cast<int>(item % p.num_kv_heads);
     const int L = EffectiveSeqLen(p.seq_lens[s], p.max_blocks_per_seq, p.block_size);
-    std::vector<float> q(static_cast<size_t>(R) * D), acc(static_cast<size_t>(R) * D), m(R),
-        sum(R), slopes(R), logits;
     std::vector<RowSpan> rows;
     RowSpans(p, L, rows);
-    if (p.alibi_slopes)
-      for (int r = 0; r < R; ++r) slopes[r] = p.alibi_slopes[kvh * G + r % G];
-    LoadQueryRows<T>(p, s, kvh, q.data());
-    const float qk_scale = p.scale * ScaleOf(p.k_scale, p.k_scale_stride, kvh);
-    const float v_scale = ScaleOf(p.v_scale, p.v_scale_stride, kvh);
-    AttendRows<TC>(p, s, kvh, rows.data(), R, qk_scale, p.alibi_slopes ? slopes.data() : nullptr,
-                   q.data(), logits, acc.data(), m.data(), sum.data());
+    ItemBuffers b(R, D);
+    const float v_scale = AttendItem<T, TC>(p, s, kvh, rows.data(), b);
+    const std::vector<float>&acc = b.acc, &m = b.m, &sum = b.sum;
     for (int r = 0; r < R; ++r) {
       const int64_t row = RowIndex(p, s, kvh, r);
       T* out = static_cast<T*>(p.out) + row * D;
@@ -235,15 +253,9 @@ void PagedAttentionV2(const PagedAttentionParams& p) {
       any = any || r.hi > r.lo;
     }
     if (!any) return;
-    std::vector<float> q(static_cast<size_t>(R) * D), acc(static_cast<size_t>(R) * D), m(R),
-        sum(R), slopes(R), logits;
-    if (p.alibi_slopes)
-      for (int r = 0; r < R; ++r) slopes[r] = p.alibi_slopes[kvh * G + r % G];
-    LoadQueryRows<T>(p, s, kvh, q.data());
-    const float qk_scale = p.scale * ScaleOf(p.k_scale, p.k_scale_stride, kvh);
-    const float v_scale = ScaleOf(p.v_scale, p.v_scale_stride, kvh);
-    AttendRows<TC>(p, s, kvh, rows.data(), R, qk_scale, p.alibi_slopes ? slopes.data() : nullptr,
-                   q.data(), logits, acc.data(), m.data(), sum.data());
+    ItemBuffers b(R, D);
+    const float v_scale = AttendItem<T, TC>(p, s, kvh, rows.data(), b);
+    const std::vector<float>&acc = b.acc, &m = b.m, &sum = b.sum;
     for (int r = 0; r < R; ++r) {
       const int64_t row = RowIndex(p, s, kvh, r) * P + part;
       p.max_logits[row] = m[r];

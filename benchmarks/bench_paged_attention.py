@@ -1107,6 +1107,11 @@ def main(argv=None) -> int:
                 r["impls"][n] = dict(error="config setup failed: " + short_error(e))
         results.append(r)
         gc.collect()
+        # Partial results after each configuration (a run cut short keeps them).
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path + ".partial", "w") as f:
+            json.dump(_jsonable(dict(meta=dict(meta, partial=True), results=results)), f,
+                      indent=1)
     bar.set_description("done")
     bar.close()
 
@@ -1129,6 +1134,8 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     with open(json_path, "w") as f:
         json.dump(_jsonable(dict(meta=meta, results=results)), f, indent=1)
+    if os.path.exists(json_path + ".partial"):
+        os.remove(json_path + ".partial")
     plot_err = make_plot(results, meta, impl_order, png_path)
 
     print(f"JSON: {json_path}")

@@ -52,9 +52,9 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
         a decode query, ``L - q_len + i`` for row ``i``).
       impl: "auto" (per platform), "v1" (one pass over the context), "v2"
         (partitions of ``partition_size`` tokens merged exactly), "grouped"
-        (split-KV, all query heads of a KV head together; calls using fp8
-        caches, soft cap, sliding window, LSE or multi-token queries run "v2"
-        on the GPU) or "reference" (pure jax.numpy).
+        (split-KV, all query rows of a KV head together; every feature; on
+        the GPU fp8 caches under a float32 query run "v2") or "reference"
+        (pure jax.numpy).
       partition_size: V2 partition length, a multiple of ``block_size``.
       k_scale, v_scale: dequantisation scales of fp8 caches: traced float32
         arrays (they may change without recompiling) of shape ``()`` or

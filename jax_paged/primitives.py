@@ -70,17 +70,24 @@ def _num_sms() -> int:
         return 132
 
 
-def grouped_partition_size(platform: str, dims: _shapes.AttentionDims) -> int:
+def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
+                           sliding_window: int = 0) -> int:
     """Partition length for impl="grouped" (split-KV): enough partitions that
     every SM (or core) gets work, each at least 256 tokens, a multiple of
-    block_size. Chosen from static shapes, so no recompilation per length."""
+    block_size. Chosen from static shapes, so no recompilation per length.
+    With a sliding window the split is of the window's blocks (partitions
+    outside a sequence's window exit at once)."""
     # Measured on the H200 (BENCHMARKS.md): rounding the split count down
     # beats rounding up (a partial extra wave of CTAs costs more than it
     # gains), and one split is best once num_seqs * num_kv_heads >= 2 * SMs.
     workers = 2 * _num_sms() if platform == "cuda" else _cpu_threads()
-    items = max(1, dims.num_seqs * dims.num_kv_heads)
-    splits = max(1, min(workers // items, -(-dims.capacity // 256)))
-    size = -(-dims.capacity // splits)
+    # CTAs per partition: one per (sequence, KV head, chunk of 16 query rows).
+    rows = dims.q_len * (dims.num_heads // dims.num_kv_heads)
+    chunks = -(-rows // 16) if platform == "cuda" else 1
+    items = max(1, dims.num_seqs * dims.num_kv_heads * chunks)
+    context = _context_tokens(dims, sliding_window)
+    splits = max(1, min(workers // items, -(-context // 256)))
+    size = -(-context // splits)
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)
 
 
@@ -94,14 +101,14 @@ def _context_tokens(dims: _shapes.AttentionDims, sliding_window: int) -> int:
 
 
 def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
-                 partition_size: int, sliding_window: int = 0, extended: bool = False) -> str:
+                 partition_size: int, sliding_window: int = 0, grouped_ok: bool = True) -> str:
     """Turns "auto" into "grouped", "v1" or "v2" for a platform; shapes are
     static, so the choice is made once at trace time (no data-dependent
-    branch on device). ``extended``: the call uses a feature the grouped CUDA
-    kernel lacks (see uses_extensions), so CUDA picks between V1 and V2."""
+    branch on device). ``grouped_ok``: the CUDA grouped kernel supports the
+    call (see grouped_supports); otherwise CUDA picks between V1 and V2."""
     if impl != "auto":
         return impl
-    if platform == "cuda" and not extended:
+    if platform == "cuda" and grouped_ok:
         # The split-KV grouped kernel reads each page once per KV head and
         # sizes its split to the GPU; it beat V1 and V2 on every measured
         # configuration (BENCHMARKS.md).
@@ -121,15 +128,12 @@ def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
     return "v2" if dims.num_seqs * dims.num_kv_heads < _cpu_threads() else "v1"
 
 
-def uses_extensions(dims: _shapes.AttentionDims, *, k_scale=None, v_scale=None,
-                    soft_cap: float = 0.0, sliding_window: int = 0,
-                    return_lse: bool = False) -> bool:
-    """True when a call needs a feature of the classic V1/V2 kernels that the
-    CUDA grouped kernel lacks (fp8 caches, scales, soft cap, sliding window,
-    LSE output, multi-token queries): impl="grouped" then runs classic V2."""
+def grouped_supports(dims: _shapes.AttentionDims, query_dtype) -> bool:
+    """Whether the CUDA grouped kernel takes the call: every feature, except
+    fp8 caches under a float32 query (it widens fp8 to the query's 16-bit
+    dtype for the tensor cores); impl="grouped" then runs classic V2."""
     fp8 = dims.cache_dtype is not None and _shapes.is_fp8(dims.cache_dtype)
-    has_scale = k_scale is not None or v_scale is not None
-    return bool(fp8 or has_scale or soft_cap or sliding_window or return_lse or dims.q_len > 1)
+    return not (fp8 and jnp.dtype(query_dtype) == jnp.float32)
 
 
 # --------------------------------------------------------------------------
@@ -193,44 +197,27 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
     if platform == "cuda" and dims.head_size not in CUDA_HEAD_SIZES:
         raise ValueError(f"the CUDA kernels support head_size in {CUDA_HEAD_SIZES}, got "
                          f"{dims.head_size} (use impl='reference' or pad the heads)")
-    extended = uses_extensions(dims, k_scale=_optional(k_scale), v_scale=_optional(v_scale),
-                               soft_cap=soft_cap, sliding_window=sliding_window,
-                               return_lse=return_lse)
-    impl = resolve_impl(impl, platform, dims, partition_size, sliding_window, extended)
+    grouped_ok = grouped_supports(dims, query.dtype)
+    impl = resolve_impl(impl, platform, dims, partition_size, sliding_window, grouped_ok)
     params = dict(scale=scale, impl=impl, partition_size=partition_size, soft_cap=soft_cap,
                   sliding_window=sliding_window, return_lse=return_lse)
     if impl == "reference":
         return _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, alibi,
                                     k_scale, v_scale, **dict(params, impl="v1"))
     out_type = jax.ShapeDtypeStruct(query.shape, query.dtype)
+    target_v2 = "jax_paged_attention_v2"
     if impl == "grouped":
-        if platform == "cuda" and extended:
-            # The grouped CUDA kernel lacks these features: run classic V2
-            # (with the caller's partition size), never a kernel that would
-            # ignore them.
-            impl = "v2"
-        else:
-            # Split-KV with all query heads of a KV head in one CTA: V2's
+        impl = "v2"
+        if platform != "cuda" or grouped_ok:
+            # Split-KV with all query rows of a KV head in one CTA: V2's
             # contract with a partition size sized to the machine. The CPU V2
             # kernel is already grouped, so only CUDA has a separate kernel.
-            partition_size = grouped_partition_size(platform, dims)
+            partition_size = grouped_partition_size(platform, dims, sliding_window)
             if platform == "cuda":
-                # The grouped target takes the seed's 3-D query (a 4-D query
-                # here has q_len == 1).
-                query3 = query.reshape(dims.num_seqs, dims.num_heads, dims.head_size)
-                parts = dims.num_partitions(partition_size)
-                rows = (dims.num_seqs, dims.num_heads, parts)
-                workspace = (jax.ShapeDtypeStruct(rows, jnp.float32),
-                             jax.ShapeDtypeStruct(rows, jnp.float32),
-                             jax.ShapeDtypeStruct(rows + (dims.head_size,), jnp.float32))
-                results = jax.ffi.ffi_call(
-                    "jax_paged_attention_grouped",
-                    (jax.ShapeDtypeStruct(query3.shape, query.dtype),) + workspace)(
-                    query3, key_cache, value_cache, block_tables, seq_lens, alibi,
-                    **ffi_attrs(scale=scale, partition_size=partition_size))
-                return [results[0].reshape(query.shape)]
-            impl = "v2"
-    # Classic V1 / V2 (and the CPU's grouped): the extended FFI contract.
+                target_v2 = "jax_paged_attention_grouped"
+        # else: fp8 under a float32 query: classic V2 with the caller's
+        # partition size, never a kernel that cannot run the call.
+    # V1, V2 and grouped share the extended FFI contract.
     operands = (query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale)
     lse_type = jax.ShapeDtypeStruct(_lse_shape(query) if return_lse else (0,), jnp.float32)
     attrs = dict(scale=scale, soft_cap=float(soft_cap), sliding_window=int(sliding_window))
@@ -243,7 +230,7 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
         workspace = (jax.ShapeDtypeStruct(rows, jnp.float32),                     # exp_sums
                      jax.ShapeDtypeStruct(rows, jnp.float32),                     # max_logits
                      jax.ShapeDtypeStruct(rows + (dims.head_size,), jnp.float32))  # tmp_out
-        results = jax.ffi.ffi_call("jax_paged_attention_v2", (out_type, lse_type) + workspace)(
+        results = jax.ffi.ffi_call(target_v2, (out_type, lse_type) + workspace)(
             *operands, **ffi_attrs(partition_size=partition_size, **attrs))
     return [results[0], results[1]] if return_lse else [results[0]]
 

@@ -44,13 +44,16 @@ def grouped_ffi(q, kc, vc, bt, sl, alibi, *, scale, partition_size):
     S, H, D = q.shape
     cap = bt.shape[1] * kc.shape[3]
     P = max(1, -(-cap // partition_size))
+    none = jnp.zeros((0,), jnp.float32)  # no k_scale / v_scale; no lse wanted
     outs = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((0,), jnp.float32),
             jax.ShapeDtypeStruct((S, H, P), jnp.float32),
             jax.ShapeDtypeStruct((S, H, P), jnp.float32),
             jax.ShapeDtypeStruct((S, H, P, D), jnp.float32))
     return jax.ffi.ffi_call("jax_paged_attention_grouped", outs)(
-        q, kc, vc, bt, sl, alibi,
-        **primitives.ffi_attrs(scale=float(scale), partition_size=int(partition_size)))[0]
+        q, kc, vc, bt, sl, alibi, none, none,
+        **primitives.ffi_attrs(scale=float(scale), soft_cap=0.0, sliding_window=0,
+                               partition_size=int(partition_size)))[0]
 
 
 @functools.lru_cache(maxsize=None)

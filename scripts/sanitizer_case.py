@@ -2,8 +2,9 @@
 """A small GPU case for compute-sanitizer: every jax_paged kernel once, checked.
 
 Runs paged_attention V1, V2 and grouped (several dtypes, head sizes, block sizes, GQA/MHA/MQA,
-ALiBi, multi-partition V2, -1 padding in the block tables, poisoned unused blocks; V1
-and V2 also with 3 query rows, soft cap, sliding window and LSE output),
+ALiBi, multi-partition V2, -1 padding in the block tables, poisoned unused blocks; all
+three also with 3 query rows, soft cap, sliding window and LSE output, and with fp8
+caches),
 reshape_and_cache (with skipped and out-of-range slots, caches donated) and
 copy_blocks (with out-of-range pairs, caches donated), each against
 jax_paged.reference. Small inputs: under the sanitizer every launch is slow.
@@ -75,6 +76,13 @@ def paged_inputs(rng, dtype, head, bs, hq, hkv, lens, dev):
             jax.device_put(jnp.asarray(lens), dev))
 
 
+def relayout_key(kc, x: int):
+    """[n, h, D // x0, bs, x0] -> [n, h, D // x, bs, x] (the same keys)."""
+    n, h, c, bs, x0 = kc.shape
+    dims = kc.transpose(0, 1, 2, 4, 3).reshape(n, h, c * x0, bs)       # [n, h, D, bs]
+    return dims.reshape(n, h, c * x0 // x, x, bs).transpose(0, 1, 2, 4, 3)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--platform", choices=["gpu", "cpu"], default="gpu")
@@ -117,13 +125,29 @@ def main() -> int:
             kwargs = dict(alibi_slopes=slopes, soft_cap=20.0, sliding_window=2 * bs + 3,
                           return_lse=True)
             want = jax.jit(lambda *a: ref.paged_attention(*a, **kwargs))(q3, kc, vc, bt, sl)
-            for impl in ("v1", "v2"):
+            for impl in ("v1", "v2", "grouped"):
                 got = jax.jit(lambda *a, impl=impl: jp.paged_attention(*a, impl=impl, **kwargs))(
                     q3, kc, vc, bt, sl)
                 got = jax.block_until_ready(got)
                 report(f"paged_attention {impl} q_len 3 soft cap window lse {name}",
                        max(rel_err(got[0], want[0]), rel_err(jnp.exp(got[1]), jnp.exp(want[1]))),
                        TOL[dtype])
+            if dtype != "float32" and head % 16 == 0:
+                # fp8 caches (16-bit query), per-KV-head scales, every feature.
+                for fp8 in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+                    k8, v8 = relayout_key(kc, 16).astype(fp8), vc.astype(fp8)
+                    scales = dict(k_scale=jnp.linspace(0.5, 1.5, hkv, dtype=jnp.float32),
+                                  v_scale=jnp.float32(0.75))
+                    want = jax.jit(lambda *a: ref.paged_attention(*a, **kwargs, **scales))(
+                        q3, k8, v8, bt, sl)
+                    for impl in ("v1", "v2", "grouped"):
+                        got = jax.jit(lambda *a, impl=impl: jp.paged_attention(
+                            *a, impl=impl, **kwargs, **scales))(q3, k8, v8, bt, sl)
+                        got = jax.block_until_ready(got)
+                        report(f"paged_attention {impl} {jnp.dtype(fp8).name} q_len 3 all "
+                               f"features {name}",
+                               max(rel_err(got[0], want[0]),
+                                   rel_err(jnp.exp(got[1]), jnp.exp(want[1]))), TOL[dtype])
         except Exception:
             failures += 1
             print(f"FAIL paged_attention {name}: exception\n{traceback.format_exc()}", flush=True)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_paged
-from jax_paged import primitives, reference
+from jax_paged import _shapes, primitives, reference
 from conftest import requires_gpu
 from paged_inputs import (TOLERANCES, assert_close, count_prims, make_paged_inputs, on,
                           reference_on_cpu)
@@ -409,7 +409,7 @@ def test_fp8_block_and_head_sizes(platform, cache_dtype, block_size, head_size):
     inp = make_inputs(rng, [1, block_size, 77, 600], 8, 4, head_size, block_size, cache_dtype,
                       query_dtype=jnp.bfloat16)
     ks = _scales("per_head", 4, rng)
-    for impl in ("v1", "v2"):
+    for impl in IMPLS:
         compare(platform, inp, impl, k_scale=ks, v_scale=np.float32(0.8))
 
 
@@ -664,31 +664,51 @@ def test_grad_wrt_query_with_fp8_cache():
 
 @pytest.mark.parametrize("feature", [
     dict(soft_cap=5.0), dict(sliding_window=64), dict(return_lse=True), dict(q_len=2),
-    dict(fp8=True)])
-def test_features_never_lower_to_the_grouped_kernel(platform, feature):
-    """impl="grouped" with a feature the grouped CUDA kernel lacks runs the
-    classic V2 kernel (on every platform the grouped target is absent)."""
+    dict(fp8=True), dict(fp8=True, k_scale=0.5, v_scale=2.0)])
+def test_features_lower_to_the_grouped_kernel(platform, feature):
+    """impl="grouped" and "auto" run the grouped CUDA kernel with every
+    feature on a GPU; on the CPU "grouped" is the V2 kernel."""
     feature = dict(feature)
     rng = np.random.default_rng(24)
     fp8 = feature.pop("fp8", False)
     q_len = feature.pop("q_len", None)
+    feature = {k: (np.float32(v) if k.endswith("_scale") else v) for k, v in feature.items()}
     inp = make_inputs(rng, [5, 90], 8, 2, 64, 16, jnp.float8_e4m3fn if fp8 else jnp.bfloat16,
-                      q_len=q_len)
+                      query_dtype=jnp.bfloat16, q_len=q_len)
     args = on(platform, *inp.args())
-    text = jax.jit(lambda *a: jax_paged.paged_attention(*a, impl="grouped", **feature)
-                   ).lower(*args).as_text()
-    assert "jax_paged_attention_grouped" not in text
-    assert "jax_paged_attention_v2" in text
+    for impl in ("grouped", "auto"):
+        text = jax.jit(lambda *a: jax_paged.paged_attention(*a, impl=impl, **feature)
+                       ).lower(*args).as_text()
+        if platform == "gpu":
+            assert "jax_paged_attention_grouped" in text, impl
+        else:
+            assert "jax_paged_attention_grouped" not in text
     compare(platform, inp, "grouped", **feature)
 
 
-def test_auto_uses_v1_for_a_short_window(platform):
+def test_fp8_under_a_float32_query_never_lowers_to_the_grouped_kernel(platform):
+    """The grouped CUDA kernel widens fp8 to the query's 16-bit dtype; with a
+    float32 query impl="grouped" runs classic V2 instead."""
+    rng = np.random.default_rng(26)
+    inp = make_inputs(rng, [5, 90], 8, 2, 64, 16, jnp.float8_e5m2, query_dtype=np.float32)
+    args = on(platform, *inp.args())
+    text = jax.jit(lambda *a: jax_paged.paged_attention(*a, impl="grouped")).lower(*args).as_text()
+    assert "jax_paged_attention_grouped" not in text
+    assert "jax_paged_attention_v2" in text
+    compare(platform, inp, "grouped")
+
+
+def test_auto_with_a_short_window(platform):
+    """A short window over a long table: on the CPU V1 (the window fits one
+    pass); on a GPU the grouped kernel, split over the window's blocks."""
     rng = np.random.default_rng(25)
     inp = make_inputs(rng, [5, 90], 8, 2, 64, 16, np.float32, max_blocks_per_seq=512)
     args = on(platform, *inp.args())
     text = jax.jit(lambda *a: jax_paged.paged_attention(*a, sliding_window=256)
                    ).lower(*args).as_text()
-    assert "jax_paged_attention_v1" in text
+    want = "jax_paged_attention_grouped" if platform == "gpu" else "jax_paged_attention_v1"
+    assert want in text
+    compare(platform, inp, "auto", sliding_window=256)
 
 
 # ---- errors ----------------------------------------------------------------------
@@ -850,6 +870,42 @@ def test_gpu_features_at_scale(head_size, block_size):
                           query_dtype=jnp.bfloat16, q_len=16)
         scales = {} if cache_dtype == jnp.bfloat16 else dict(
             k_scale=_scales("per_head", 8, rng), v_scale=np.float32(0.9))
-        for impl in ("v1", "v2", "auto"):
+        for impl in ("v1", "v2", "grouped"):
             compare("gpu", inp, impl, alibi_slopes=slopes, soft_cap=30.0, sliding_window=700,
                     return_lse=True, **scales)
+
+
+@requires_gpu
+@pytest.mark.parametrize("q_len,cache_dtype", [(None, jnp.bfloat16), (2, jnp.float8_e4m3fn),
+                                               (None, jnp.float8_e5m2)])
+def test_gpu_grouped_single_partition_with_features(q_len, cache_dtype):
+    """Enough (sequence, KV head) pairs that the grouped kernel runs one
+    partition and writes out and lse itself (no reduce kernel)."""
+    rng = np.random.default_rng(27)
+    lens = rng.integers(0, 400, size=40)
+    lens[:3] = [0, 1, 384]
+    inp = make_inputs(rng, lens, 32, 8, 128, 16, cache_dtype, query_dtype=jnp.bfloat16,
+                      q_len=q_len)
+    dims = _shapes.check_paged_attention(*inp.args())
+    assert primitives.grouped_partition_size("cuda", dims) >= dims.capacity
+    scales = {} if cache_dtype == jnp.bfloat16 else dict(
+        k_scale=_scales("per_head", 8, rng), v_scale=np.float32(1.3))
+    slopes = (2.0 ** -rng.uniform(0, 8, size=32)).astype(np.float32)
+    compare("gpu", inp, "grouped", alibi_slopes=slopes, soft_cap=20.0, return_lse=True, **scales)
+    # A window: partitions of the window's length (the reduce runs again).
+    compare("gpu", inp, "grouped", sliding_window=200, return_lse=True, **scales)
+
+
+def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
+    """The grouped split counts CTAs per partition (16 query rows each) and,
+    with a sliding window, splits the window's blocks, not the whole table."""
+    monkeypatch.setattr(primitives, "_num_sms", lambda: 132)
+    dims = _shapes.AttentionDims(num_seqs=1, num_heads=32, head_size=128, num_blocks=4096,
+                                 num_kv_heads=8, block_size=16, max_blocks_per_seq=2048)
+    # 264 workers over 8 CTAs: 33 splits of 32768 tokens -> 993, rounded up to 16.
+    assert primitives.grouped_partition_size("cuda", dims) == 1008
+    # Window 1024: at most 65 blocks (1040 tokens) are read, in >= 256-token pieces.
+    assert primitives.grouped_partition_size("cuda", dims, 1024) == 208
+    # q_len 16 with 4 heads per KV head: 64 rows = 4 CTAs per KV head, 8 splits.
+    dims16 = _shapes.AttentionDims(**{**dims.__dict__, "q_len": 16})
+    assert primitives.grouped_partition_size("cuda", dims16) == 4096

@@ -11,10 +11,9 @@
 //                       -> out, lse ([S, (q_len,) H] f32, or [0] = not wanted)
 //   paged_attention_v2: same operands and attributes, plus partition_size: i64
 //                       -> out, lse, exp_sums, max_logits, tmp_out (workspace)
-//   paged_attention_grouped (CUDA only): the original V2 contract (operands
-//                       query [S, H, D] .. alibi_slopes; scale, partition_size
-//                       -> out, exp_sums, max_logits, tmp_out): the split-KV
-//                       GQA-grouped kernel, for plain decode calls only
+//   paged_attention_grouped (CUDA only): paged_attention_v2's contract, the
+//                       split-KV GQA-grouped kernel (fp8 caches only with
+//                       float16 / bfloat16 queries)
 //   reshape_and_cache:  key, value, key_cache, value_cache, slot_mapping,
 //                       k_scale, v_scale ([0] = none; fp8 caches only)
 //                       -> key_cache, value_cache   (aliased, in place)

@@ -22,8 +22,9 @@
 //   * f16/bf16: S = Q K^T with mma.m16n8k16 (ldmatrix of Q and of K straight
 //     from the cache layout: a 16-byte K chunk is one ldmatrix row), online
 //     softmax on the accumulator fragments (log2 domain, fp32), P rounded to
-//     the cache dtype as the A operand of O += P V (ldmatrix of V rows, whose
-//     BS tokens are contiguous). fp32 accumulation.
+//     the query dtype as the A operand of O += P V (ldmatrix of V rows, whose
+//     BS tokens are contiguous), the softmax sum over the unrounded P. fp32
+//     accumulation.
 //   * f32: the same fragment layout computed with fp32 FMAs (CUDA cores).
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
@@ -155,17 +156,14 @@ __device__ __forceinline__ void Mma1688(float (&c)[4], const uint32_t (&a)[2], u
   }
 }
 
-// Two floats rounded to T, packed (lo in the low half); *sum += both rounded
-// values, so that the softmax denominator sums exactly what P.V multiplies.
+// Two floats rounded to T, packed (lo in the low half): P's A fragment.
 template <typename T>
-__device__ __forceinline__ uint32_t PackPair(float lo, float hi, float* sum) {
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    *sum += __low2float(v) + __high2float(v);
     return *reinterpret_cast<const uint32_t*>(&v);
   } else {
     const __half2 v = __floats2half2_rn(lo, hi);
-    *sum += __low2float(v) + __high2float(v);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
 }
@@ -177,19 +175,69 @@ __device__ __forceinline__ float Dot4(const float4& a, const float4& b, float ac
   return fmaf(a.w, b.w, acc);
 }
 
+// Two fp8 values (lo byte = lower index) widened to a packed pair of T
+// (f16 or bf16): exact, every e4m3 / e5m2 value is representable in both.
+template <typename T, typename TC>
+__device__ __forceinline__ uint32_t Fp8PairTo(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), Fp8Traits<TC>::kInterp);
+  if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  } else {
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 v = __float22bfloat162_rn(f);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// tanh(x) = 1 - 2 / (e^2x + 1): a few instructions instead of tanhf's
+// inlined polynomial in the unrolled logit loop; absolute error ~1e-7 (the
+// soft cap multiplies it by c; the logits need absolute, not relative,
+// accuracy), exact limits +-1 (e^2x = inf or 0).
+__device__ __forceinline__ float Tanh(float x) {
+  return 1.0f - 2.0f / (exp2f(x * (2.0f * kLog2e)) + 1.0f);
+}
+
+// Keeps byte i of `v` iff bit i of `bits` is set (zeroes masked fp8 values).
+__device__ __forceinline__ uint32_t ByteMask(uint32_t v, uint32_t bits) {
+  const uint32_t m = ((bits & 1u) ? 0x000000FFu : 0u) | ((bits & 2u) ? 0x0000FF00u : 0u) |
+                     ((bits & 4u) ? 0x00FF0000u : 0u) | ((bits & 8u) ? 0xFF000000u : 0u);
+  return v & m;
+}
+
 // ---- the kernel -----------------------------------------------------------------
 // grid (num_kv_heads * group_chunks, num_seqs chunk, max_num_partitions),
 // kThreads threads, GroupedConfig::kSmemBytes of dynamic shared memory.
-template <typename T, int D>
+//
+// Rows: the CTA's query rows are rows [chunk * rows_per_cta, + rows) of its
+// KV head's q_len * group rows, row g = qi * group + h (query position qi,
+// head h of the group), so that a decode step's rows are the group's heads.
+// Row g attends tokens QueryRowRange(L, q_len, qi, sliding_window); the CTA
+// reads the blocks of the union of its rows' ranges (within its partition).
+//
+// fp8 caches: S = Q K^T and O += P V use the same mma with the fp8 values
+// widened to T in registers. Because both products sum over an index, the
+// kernel is free to permute it: within each 16-dim chunk of K, lane tq loads
+// the 4 bytes of dims 4tq..4tq+3 (one 32-bit load) as the mma's k indices
+// 2tq, 2tq+1, 2tq+8, 2tq+9, and the query is staged in shared memory with the
+// same permutation; the S columns (tokens) are permuted likewise, so that P's
+// k indices 2tq, 2tq+1, 2tq+8, 2tq+9 are the 4 consecutive tokens 4tq..4tq+3
+// whose V bytes (V rows are token-contiguous) are again one 32-bit load.
+// kPlain: q_len == 1, no sliding window, no soft cap (a plain decode step):
+// every row attends [0, L), so the per-row range test and the cap leave the
+// hot loop. (One kernel with both paths ran up to 9% slower on plain decode
+// on the H200, e.g. 32x32x32x2048 270 us against 255 us.)
+template <typename T, typename TC, int D, bool kPlain>
 __global__ void __launch_bounds__(kThreads)
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
-                           const int group_chunks, const int heads_per_cta,
+                           const int group_chunks, const int rows_per_cta,
                            const bool direct_out) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
-  using C = GroupedConfig<static_cast<int>(sizeof(T)), D>;
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   constexpr int kStages = C::kStages;
+  constexpr bool kFp8 = C::kFp8;
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -199,42 +247,58 @@ __global__ void __launch_bounds__(kThreads)
   const int seq = seq_base + static_cast<int>(blockIdx.y);
   const int part = blockIdx.z;
   const int group = p.num_heads / p.num_kv_heads;
-  const int rows = min(heads_per_cta, group - chunk * heads_per_cta);  // query heads here
+  const int q_len = p.q_len;
+  const int row0 = chunk * rows_per_cta;                            // first row (of q_len * group)
+  const int rows = min(rows_per_cta, q_len * group - row0);         // rows here
   if (rows <= 0) return;
-  const int h0 = kv_head * group + chunk * heads_per_cta;
+  // Workspace / out / lse row of local row r: ((seq, qi), head).
+  auto hrow_of = [&](int r) -> int64_t {
+    const int g = row0 + r;
+    const int qi = g / group;
+    return (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + kv_head * group +
+           (g - qi * group);
+  };
 
   const int BS = p.block_size;  // 8, 16 or 32 (checked by the handler)
   const int log2_bs = __ffs(BS) - 1;
   const int ppt = C::kTile >> log2_bs;  // pages per tile (1..8)
   const int blocks_per_part = p.partition_size >> log2_bs;
-  const int64_t start_blk64 = static_cast<int64_t>(part) * blocks_per_part;
+  const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
 
   // Warp 0 fetches the first stages' table entries before waiting for
   // seq_lens (independent loads; entries past the sequence are loaded but
-  // never used).
+  // never used). Right unless a sliding window moves the first block.
   int32_t first_entries[kStages];
   if (warp == 0) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
-      const int64_t blk = start_blk64 + i * ppt + lane;
+      const int64_t blk = part_blk64 + i * ppt + lane;
       first_entries[i] = (lane < ppt && blk < p.max_blocks_per_seq) ? table[blk] : -1;
     }
   }
 
   const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BS);
-  const int64_t head_row0 = static_cast<int64_t>(seq) * p.num_heads + h0;  // (seq, h0)
   const int P = p.max_num_partitions;
+  // Union of the rows' ranges: qi grows with the row, and so do start and end.
+  const TokenRange first_range = QueryRowRange(L, q_len, row0 / group, p.sliding_window);
+  const TokenRange last_range = QueryRowRange(L, q_len, (row0 + rows - 1) / group, p.sliding_window);
+  const int union_end_blk = (last_range.end + BS - 1) >> log2_bs;
+  const int64_t start_blk64 =
+      std::max<int64_t>(part_blk64, static_cast<int64_t>(first_range.start >> log2_bs));
+  const int end_blk = static_cast<int>(
+      std::min<int64_t>(part_blk64 + blocks_per_part, static_cast<int64_t>(union_end_blk)));
 
-  if (start_blk64 * BS >= L) {
-    // Empty partition (or L == 0): a well-defined empty result, then exit.
-    // With a single partition this is out = 0 (L == 0).
+  if (start_blk64 >= end_blk) {
+    // Nothing to attend here: a well-defined empty result, then exit. With a
+    // single partition: out = 0, lse = -inf.
     for (int i = tid; i < rows * D; i += kThreads) {
       const int r = i / D;
       const int d = i - r * D;
-      const int64_t hrow = head_row0 + r;
+      const int64_t hrow = hrow_of(r);
       if (direct_out) {
         static_cast<T*>(p.out)[hrow * D + d] = FromFloat<T>(0.0f);
+        if (d == 0 && p.lse != nullptr) p.lse[hrow] = -INFINITY;
       } else {
         p.tmp_out[(hrow * P + part) * D + d] = 0.0f;
         if (d == 0) {
@@ -247,9 +311,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int start_blk = static_cast<int>(start_blk64);
-  const int num_seq_blocks = (L + BS - 1) >> log2_bs;
-  const int end_blk = static_cast<int>(
-      std::min<int64_t>(start_blk64 + blocks_per_part, static_cast<int64_t>(num_seq_blocks)));
   const int ntiles = (end_blk - start_blk + ppt - 1) / ppt;  // >= 1
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -268,11 +329,11 @@ __global__ void __launch_bounds__(kThreads)
 
   // ---- producer (warp 0, lane i < ppt copies page i of a tile) ---------------
   const int page_elems = D * BS;
-  const uint32_t page_bytes = static_cast<uint32_t>(page_elems * sizeof(T));
+  const uint32_t page_bytes = static_cast<uint32_t>(page_elems * sizeof(TC));
   const int64_t kv_block_stride = static_cast<int64_t>(p.num_kv_heads) * page_elems;
   const int64_t kv_head_off = static_cast<int64_t>(kv_head) * page_elems;
-  const T* key_cache = static_cast<const T*>(p.key_cache);
-  const T* value_cache = static_cast<const T*>(p.value_cache);
+  const TC* key_cache = static_cast<const TC*>(p.key_cache);
+  const TC* value_cache = static_cast<const TC*>(p.value_cache);
 
   auto load_entry = [&](int tile) -> int32_t {
     const int blk = start_blk + tile * ppt + lane;
@@ -295,29 +356,50 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes +
                            static_cast<uint32_t>(lane) * page_bytes;
       BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
-      BulkCopyG2S(dst + C::kTileElems * sizeof(T), value_cache + src, page_bytes, bar);
+      BulkCopyG2S(dst + C::kTileElems * sizeof(TC), value_cache + src, page_bytes, bar);
     }
   };
 
   int32_t next_entry = -1;  // warp 0: table entry for tile kStages, then the next
   if (warp == 0) {
+    if (start_blk64 != part_blk64) {  // a sliding window moved the first block
+#pragma unroll
+      for (int i = 0; i < kStages; ++i) first_entries[i] = load_entry(i);
+    }
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
       if (i < ntiles) issue(i, i, first_entries[i]);
     }
     if (kStages < ntiles) next_entry = load_entry(kStages);
   }
+  AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
-  {
-    constexpr int kChunks = D / C::kX;
-    const T* q = static_cast<const T*>(p.query) + head_row0 * D;
+  if constexpr (kFp8) {
+    // Pairs permuted within each 16-dim chunk (see above): logical pair j of
+    // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
+    constexpr int kPairs = D / 2;
+    for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {
+      const int r = i / kPairs;
+      const int lp = i - r * kPairs;
+      const int j = lp & 7;
+      const int src_pair = (lp & ~7) + 2 * (j & 3) + (j >> 2);
+      uint32_t v = 0u;
+      if (r < rows)
+        v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
+                                               2 * src_pair);
+      *reinterpret_cast<uint32_t*>(q_s + r * C::kQStride + 2 * lp) = v;
+    }
+  } else {
+    constexpr int kChunks = D / C::kQX;
     for (int i = tid; i < kMaxRows * kChunks; i += kThreads) {
       const int r = i / kChunks;
       const int c = i - r * kChunks;
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (r < rows) v = *reinterpret_cast<const uint4*>(q + static_cast<int64_t>(r) * D + c * C::kX);
-      *reinterpret_cast<uint4*>(q_s + r * C::kQStride + c * C::kX) = v;
+      if (r < rows)
+        v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
+                                            c * C::kQX);
+      *reinterpret_cast<uint4*>(q_s + r * C::kQStride + c * C::kQX) = v;
     }
   }
   __syncthreads();
@@ -326,17 +408,35 @@ __global__ void __launch_bounds__(kThreads)
   const int slice = warp / C::kWarpsPerSlice;
   const int dsub = warp - slice * C::kWarpsPerSlice;
   const int dim0 = dsub * C::kDimsPerWarp;
-  const int gid = lane >> 2;  // fragment row (query head gid and gid + 8)
+  const int gid = lane >> 2;  // fragment row (rows gid and gid + 8)
   const int tq = lane & 3;    // fragment column pair
   const int slice_tok = slice * 16;
   const int pg_lo = slice_tok >> log2_bs;        // page of the slice's tokens 0..7
   const int pg_hi = (slice_tok + 8) >> log2_bs;  // page of its tokens 8..15
-  const float scale2 = p.scale * kLog2e;
-  float slope2[2] = {0.0f, 0.0f};
-  if (p.alibi_slopes != nullptr) {
+  const float k_scale = p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f;
+  const float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
+  const float soft_cap = p.soft_cap;
+  // Without a soft cap the logits are computed directly in log2 units; with
+  // one, in natural units, capped, then converted.
+  const float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e);
+  const float cap_inv = soft_cap > 0.0f ? 1.0f / soft_cap : 0.0f;
+  const float cap2 = soft_cap * kLog2e;
+  // This lane's two rows: ALiBi slope (units of qk_scale) and token range.
+  float slope[2] = {0.0f, 0.0f};
+  int r_start[2] = {0, 0}, r_end[2] = {0, 0};  // empty for padding rows
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (gid + 8 * r < rows) slope2[r] = p.alibi_slopes[h0 + gid + 8 * r] * kLog2e;
+  for (int r = 0; r < 2; ++r) {
+    const int lr = gid + 8 * r;
+    if (lr < rows) {
+      const int g = row0 + lr;
+      const int qi = g / group;
+      const TokenRange range = QueryRowRange(L, q_len, qi, p.sliding_window);
+      r_start[r] = range.start;
+      r_end[r] = range.end;
+      if (p.alibi_slopes != nullptr)
+        slope[r] = p.alibi_slopes[kv_head * group + (g - qi * group)] *
+                   (soft_cap > 0.0f ? 1.0f : kLog2e);
+    }
   }
 
   float m_run[2] = {-FLT_MAX, -FLT_MAX};  // running max (log2 units), rows gid, gid + 8
@@ -345,21 +445,38 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < C::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
+  // Token (0..15 within the slice) of S fragment element s[nt][e].
+  auto token_of = [&](int nt, int e) -> int {
+    return kFp8 ? 4 * tq + 2 * nt + (e & 1) : nt * 8 + 2 * tq + (e & 1);
+  };
+
   // Shared-memory byte offsets (within a stage's K or V region) of this lane's
-  // ldmatrix rows (16-bit path).
+  // ldmatrix rows (16-bit caches) or 32-bit loads (fp8 caches).
   uint32_t q_addr = 0, k_off = 0, k_tail_off = 0, v_off = 0;
+  uint32_t k8_off[2] = {0u, 0u};
   // Element offsets of this lane's four tokens (f32 path).
   int kf_off[2][2] = {{0, 0}, {0, 0}};
   if constexpr (C::kMma) {
     q_addr = SmemAddr(q_s) +
              ((((lane >> 3) & 1) * 8 + (lane & 7)) * C::kQStride + (lane >> 4) * 8) * 2;
-    const int tk = slice_tok + (lane >> 4) * 8 + (lane & 7);
-    k_off = ((tk >> log2_bs) * page_elems + (((lane >> 3) & 1) * BS + (tk & (BS - 1))) * 8) * 2;
-    const int tk2 = slice_tok + ((lane >> 3) & 1) * 8 + (lane & 7);
-    k_tail_off = ((tk2 >> log2_bs) * page_elems + ((D / 8 - 1) * BS + (tk2 & (BS - 1))) * 8) * 2;
-    const int tv = slice_tok + ((lane >> 3) & 1) * 8;
-    v_off = ((tv >> log2_bs) * page_elems + (dim0 + (lane >> 4) * 8 + (lane & 7)) * BS +
-             (tv & (BS - 1))) * 2;
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int tk = slice_tok + 4 * (gid >> 1) + 2 * nt + (gid & 1);
+        k8_off[nt] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
+      }
+      const int tv = slice_tok + 4 * tq;
+      v_off = (tv >> log2_bs) * page_elems + (dim0 + gid) * BS + (tv & (BS - 1));
+    } else {
+      const int tk = slice_tok + (lane >> 4) * 8 + (lane & 7);
+      k_off = ((tk >> log2_bs) * page_elems + (((lane >> 3) & 1) * BS + (tk & (BS - 1))) * 8) * 2;
+      const int tk2 = slice_tok + ((lane >> 3) & 1) * 8 + (lane & 7);
+      k_tail_off =
+          ((tk2 >> log2_bs) * page_elems + ((D / 8 - 1) * BS + (tk2 & (BS - 1))) * 8) * 2;
+      const int tv = slice_tok + ((lane >> 3) & 1) * 8;
+      v_off = ((tv >> log2_bs) * page_elems + (dim0 + (lane >> 4) * 8 + (lane & 7)) * BS +
+               (tv & (BS - 1))) * 2;
+    }
   } else {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -378,22 +495,34 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t pages = mask_s[stage];
     const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
     const int tbase = tile_tok0 + slice_tok;  // this slice's first token
-    // Valid tokens of the slice: before L, in a page that was copied.
+    // Tokens of the slice that hold data: before L, in a page that was copied.
     const int rem = L - tbase;
     uint32_t smask = rem >= 16 ? 0xFFFFu : (rem <= 0 ? 0u : ((1u << rem) - 1u));
     smask &= (((pages >> pg_lo) & 1u) ? 0x00FFu : 0u) | (((pages >> pg_hi) & 1u) ? 0xFF00u : 0u);
 
     if (smask != 0u) {  // warp-uniform
       const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
-      const uint32_t vbase = kbase + C::kTileElems * sizeof(T);
+      const uint32_t vbase = kbase + C::kTileElems * sizeof(TC);
       const unsigned char* kptr = smem + static_cast<size_t>(stage) * C::kStageBytes;
-      const unsigned char* vptr = kptr + C::kTileElems * sizeof(T);
+      const unsigned char* vptr = kptr + C::kTileElems * sizeof(TC);
 
-      // S fragments: s[nt][e] = q[row gid + 8 (e >> 1)] . k[token nt * 8 + 2 tq + (e & 1)]
+      // S fragments: s[nt][e] = q[row gid + 8 (e >> 1)] . k[token token_of(nt, e)]
       float s[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      if constexpr (C::kMma) {
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t a[4];
+          Ldsm4(a, q_addr + ks * 32);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const uint32_t raw =
+                *reinterpret_cast<const uint32_t*>(kptr + k8_off[nt] + ks * 16 * BS);
+            Mma16816<T>(s[nt], a, Fp8PairTo<T, TC>(raw), Fp8PairTo<T, TC>(raw >> 16));
+          }
+        }
+      } else if constexpr (C::kMma) {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t a[4], b[4];
@@ -435,17 +564,25 @@ __global__ void __launch_bounds__(kThreads)
           qk(std::false_type{});
       }
 
-      // Online softmax (log2 domain) over this slice's 16 tokens.
+      // Logits (log2 units) and the online softmax over this slice's 16 tokens.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int j = nt * 8 + 2 * tq + (e & 1);
+          const int j = token_of(nt, e);
           const int r = e >> 1;
+          const int t = tbase + j;
           float l = -INFINITY;
-          if ((smask >> j) & 1u)
-            l = fmaf(s[nt][e], scale2, slope2[r] * static_cast<float>(tbase + j - (L - 1)));
+          if constexpr (kPlain) {
+            if ((smask >> j) & 1u)
+              l = fmaf(s[nt][e], qk_scale, slope[r] * static_cast<float>(t - (L - 1)));
+          } else {
+            if (((smask >> j) & 1u) && t >= r_start[r] && t < r_end[r]) {
+              l = fmaf(s[nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
+              if (soft_cap > 0.0f) l = cap2 * Tanh(l * cap_inv);
+            }
+          }
           s[nt][e] = l;
           mx[r] = fmaxf(mx[r], l);
         }
@@ -471,40 +608,57 @@ __global__ void __launch_bounds__(kThreads)
         o[n][3] *= alpha[1];
       }
 
-      // O += P V.
+      // O += P V. Tokens without data (smask) have their V zeroed in registers:
+      // their P is 0, but 0 * NaN would still poison O.
       if constexpr (C::kMma) {
-        uint32_t pa[4];  // A fragment of P (rows = heads, k = the slice's tokens)
-        pa[0] = PackPair<T>(s[0][0], s[0][1], &l_run[0]);
-        pa[1] = PackPair<T>(s[0][2], s[0][3], &l_run[1]);
-        pa[2] = PackPair<T>(s[1][0], s[1][1], &l_run[0]);
-        pa[3] = PackPair<T>(s[1][2], s[1][3], &l_run[1]);
+        // A fragment of P (rows, k = the slice's tokens), rounded to T; the
+        // softmax sum adds the unrounded fp32 values, so that lse (and the
+        // split weights) are fp32-accurate, as in the classic kernels.
+        uint32_t pa[4];
+        pa[0] = PackPair<T>(s[0][0], s[0][1]);
+        pa[1] = PackPair<T>(s[0][2], s[0][3]);
+        pa[2] = PackPair<T>(s[1][0], s[1][1]);
+        pa[3] = PackPair<T>(s[1][2], s[1][3]);
+        l_run[0] += (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
+        l_run[1] += (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
         const bool masked = smask != 0xFFFFu;
-        // V fragment b0 holds tokens 2tq, 2tq+1; b1 tokens 2tq+8, 2tq+9.
-        const uint32_t vm0 = (((smask >> (2 * tq)) & 1u) ? 0x0000FFFFu : 0u) |
-                             (((smask >> (2 * tq + 1)) & 1u) ? 0xFFFF0000u : 0u);
-        const uint32_t vm1 = (((smask >> (2 * tq + 8)) & 1u) ? 0x0000FFFFu : 0u) |
-                             (((smask >> (2 * tq + 9)) & 1u) ? 0xFFFF0000u : 0u);
+        if constexpr (kFp8) {
+          // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 of dim gid.
+          const uint32_t bits = (smask >> (4 * tq)) & 0xFu;
 #pragma unroll
-        for (int np = 0; np < C::kNTiles / 2; ++np) {
-          uint32_t b[4];
-          Ldsm4(b, vbase + v_off + np * 32 * BS);
-          if (masked) {
-            b[0] &= vm0;
-            b[1] &= vm1;
-            b[2] &= vm0;
-            b[3] &= vm1;
+          for (int n = 0; n < C::kNTiles; ++n) {
+            uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v_off + n * 8 * BS);
+            if (masked) raw = ByteMask(raw, bits);
+            Mma16816<T>(o[n], pa, Fp8PairTo<T, TC>(raw), Fp8PairTo<T, TC>(raw >> 16));
           }
-          Mma16816<T>(o[2 * np], pa, b[0], b[1]);
-          Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
-        }
-        if constexpr (C::kNTiles % 2 == 1) {
-          uint32_t b[2];
-          Ldsm2(b, vbase + v_off + (C::kNTiles / 2) * 32 * BS);
-          if (masked) {
-            b[0] &= vm0;
-            b[1] &= vm1;
+        } else {
+          // V fragment b0 holds tokens 2tq, 2tq+1; b1 tokens 2tq+8, 2tq+9.
+          const uint32_t vm0 = (((smask >> (2 * tq)) & 1u) ? 0x0000FFFFu : 0u) |
+                               (((smask >> (2 * tq + 1)) & 1u) ? 0xFFFF0000u : 0u);
+          const uint32_t vm1 = (((smask >> (2 * tq + 8)) & 1u) ? 0x0000FFFFu : 0u) |
+                               (((smask >> (2 * tq + 9)) & 1u) ? 0xFFFF0000u : 0u);
+#pragma unroll
+          for (int np = 0; np < C::kNTiles / 2; ++np) {
+            uint32_t b[4];
+            Ldsm4(b, vbase + v_off + np * 32 * BS);
+            if (masked) {
+              b[0] &= vm0;
+              b[1] &= vm1;
+              b[2] &= vm0;
+              b[3] &= vm1;
+            }
+            Mma16816<T>(o[2 * np], pa, b[0], b[1]);
+            Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
           }
-          Mma16816<T>(o[C::kNTiles - 1], pa, b[0], b[1]);
+          if constexpr (C::kNTiles % 2 == 1) {
+            uint32_t b[2];
+            Ldsm2(b, vbase + v_off + (C::kNTiles / 2) * 32 * BS);
+            if (masked) {
+              b[0] &= vm0;
+              b[1] &= vm1;
+            }
+            Mma16816<T>(o[C::kNTiles - 1], pa, b[0], b[1]);
+          }
         }
       } else {
         // Gather the slice's probabilities of rows gid, gid + 8 from the quad.
@@ -616,15 +770,18 @@ __global__ void __launch_bounds__(kThreads)
       l_all += ml_s[(sl * kMaxRows + r) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + r) * 2] - m_all);
       acc += obuf[(sl * kMaxRows + r) * D + d];
     }
-    const float val = acc / (l_all + 1e-6f);
-    const int64_t hrow = head_row0 + r;
+    const float val = v_scale * acc / (l_all + 1e-6f);
+    const int64_t hrow = hrow_of(r);
+    // m_all is in log2 units (the logits were scaled by log2(e)).
+    const float m_nat = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;
     if (direct_out) {
       // V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6).
       static_cast<T*>(p.out)[hrow * D + d] = FromFloat<T>(val * (l_all / (l_all + 1e-6f)));
+      if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);
     } else {
       p.tmp_out[(hrow * P + part) * D + d] = val;
       if (d == 0) {
-        p.max_logits[hrow * P + part] = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;
+        p.max_logits[hrow * P + part] = m_nat;
         p.exp_sums[hrow * P + part] = l_all;
       }
     }
@@ -632,14 +789,13 @@ __global__ void __launch_bounds__(kThreads)
 #endif  // JAX_PAGED_GROUPED_SM90
 }
 
-template <typename T, int HEAD_SIZE>
-cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
-                                   cudaStream_t stream) {
-  using C = GroupedConfig<static_cast<int>(sizeof(T)), HEAD_SIZE>;
-  static std::atomic<bool> smem_configured[kMaxDevices];
-  static std::atomic<bool> carveout_set[kMaxDevices];
-  auto kernel = &GroupedAttentionKernel<T, HEAD_SIZE>;
-  if (cudaError_t err = EnsureSmemOptin(kernel, C::kSmemBytes, device, smem_configured);
+// Raises the shared-memory limit and the carveout hint of one kernel
+// instantiation, once per device.
+template <typename Kernel>
+cudaError_t ConfigureGroupedKernel(Kernel kernel, size_t smem_bytes, int device,
+                                   std::atomic<bool>* smem_configured,
+                                   std::atomic<bool>* carveout_set) {
+  if (cudaError_t err = EnsureSmemOptin(kernel, smem_bytes, device, smem_configured);
       err != cudaSuccess)
     return err;
   // All data goes through shared memory: prefer the largest carveout so that
@@ -650,16 +806,35 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
       (void)cudaGetLastError();
     carveout_set[device].store(true, std::memory_order_release);
   }
-  const int group = p.num_heads / p.num_kv_heads;
-  const int group_chunks = (group + kMaxRows - 1) / kMaxRows;
-  const int heads_per_cta = (group + group_chunks - 1) / group_chunks;
+  return cudaSuccess;
+}
+
+template <typename T, typename TC, int HEAD_SIZE>
+cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
+                                   cudaStream_t stream) {
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), HEAD_SIZE>;
+  static std::atomic<bool> smem_configured[2][kMaxDevices];
+  static std::atomic<bool> carveout_set[2][kMaxDevices];
+  const bool plain = p.q_len == 1 && p.sliding_window <= 0 && !(p.soft_cap > 0.0f);
+  auto kernel = plain ? &GroupedAttentionKernel<T, TC, HEAD_SIZE, true>
+                      : &GroupedAttentionKernel<T, TC, HEAD_SIZE, false>;
+  if (cudaError_t err = ConfigureGroupedKernel(kernel, C::kSmemBytes, device,
+                                               smem_configured[plain], carveout_set[plain]);
+      err != cudaSuccess)
+    return err;
+  const int rows = (p.num_heads / p.num_kv_heads) * p.q_len;  // per KV head
+  const int group_chunks = (rows + kMaxRows - 1) / kMaxRows;
+  const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
+  const bool pdl = UseProgrammaticLaunch(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
     kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
-             C::kSmemBytes, stream>>>(p, base, group_chunks, heads_per_cta, direct_out);
-    if (!direct_out)
-      PagedAttentionReduceKernel<T><<<dim3(p.num_heads, n), kAttnThreads, 0, stream>>>(p, base);
+             C::kSmemBytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
+    if (!direct_out) {
+      if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
+        return err;
+    }
   }
   return cudaGetLastError();
 }
@@ -669,6 +844,6 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
 }  // namespace jax_paged
 
 // Explicit instantiation for one dtype and head size (cuda/ffi/cuda_grouped_*.cu).
-#define JAX_PAGED_INSTANTIATE_GROUPED(T, H)                                            \
-  template cudaError_t jax_paged::cuda::grouped::LaunchGroupedAttention<T, H>(         \
+#define JAX_PAGED_INSTANTIATE_GROUPED(T, TC, H)                                        \
+  template cudaError_t jax_paged::cuda::grouped::LaunchGroupedAttention<T, TC, H>(     \
       const jax_paged::PagedAttentionParams&, int, cudaStream_t);

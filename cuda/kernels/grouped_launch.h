@@ -4,11 +4,14 @@
 // kernel itself is in grouped_attention.cuh, instantiated per dtype in
 // cuda/ffi/cuda_grouped_<dtype>.cu.
 //
-// Contract: exactly paged_attention_v2's (params.h, paged_attention.cuh):
-// grid (num_kv_heads * group_chunks, num_seqs, max_num_partitions), one CTA
-// per (KV head, sequence, partition) computing ALL query heads of its KV head
-// (up to kMaxRows; larger groups are split into group_chunks), so each K/V
-// page is read from HBM once per partition instead of once per query head.
+// Contract: exactly paged_attention_v2's (params.h, paged_attention.cuh),
+// extensions included (fp8 caches with 16-bit queries, scales, soft cap,
+// sliding window, LSE, multi-token queries): grid (num_kv_heads *
+// group_chunks, num_seqs, max_num_partitions), one CTA per (KV head,
+// sequence, partition) computing ALL query rows of its KV head (q_len *
+// group of them, up to kMaxRows per CTA; more are split into group_chunks),
+// so each K/V page is read from HBM once per partition instead of once per
+// query row.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,12 +34,17 @@ constexpr int kMaxBlockSize = 32;
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 
-// ELEM: bytes of one cache element (2 for f16/bf16 -> tensor cores, 4 for
-// f32 -> CUDA cores). D: head size.
-template <int ELEM, int D>
+// QELEM: bytes of one query element (2 for f16/bf16 -> tensor cores, 4 for
+// f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
+// caches, which need QELEM == 2: they are widened to the query's dtype in
+// registers, exactly). D: head size.
+template <int QELEM, int CELEM, int D>
 struct GroupedConfig {
-  static constexpr bool kMma = ELEM == 2;
-  static constexpr int kX = 16 / ELEM;  // K-layout x (16-byte chunks)
+  static constexpr bool kMma = QELEM == 2;
+  static constexpr bool kFp8 = CELEM == 1;
+  static_assert(CELEM == QELEM || (kFp8 && kMma), "fp8 caches need a 16-bit query");
+  static_assert(!kFp8 || D % 16 == 0, "fp8 caches need head_size % 16 == 0");
+  static constexpr int kQX = 16 / QELEM;  // query elements per 16-byte chunk
   // Each warp owns a 16-token slice of a tile; for large heads two warps
   // share a slice (both compute its 16x16 logits, each does half of P.V), so
   // that the tile, the accumulators and the registers stay small.
@@ -48,7 +56,7 @@ struct GroupedConfig {
   static_assert(D % 8 == 0 && kDimsPerWarp % 8 == 0, "head size must be a multiple of 8");
   static_assert(kTile % kMaxBlockSize == 0, "a tile must hold whole pages");
   static constexpr int kTileElems = kTile * D;  // elements of K (or of V) in one stage
-  static constexpr int kStageBytes = 2 * kTileElems * ELEM;
+  static constexpr int kStageBytes = 2 * kTileElems * CELEM;
   // ~100 KB of stages, 2..6 deep: every 16-bit head size then runs two CTAs
   // per SM on Hopper (228 KB), which the Python partition rule assumes. (With
   // a cap of 4, D=64 ran three CTAs per SM: 512 CTAs = 1.29 waves, 78% of copy
@@ -58,7 +66,7 @@ struct GroupedConfig {
   // or float4 rows (f32 path) fall in different banks.
   static constexpr int kQStride = kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4;  // elements
   static constexpr int kQOff = kStages * kStageBytes;
-  static constexpr int kQBytes = RoundUp(kMaxRows * kQStride * ELEM, 16);
+  static constexpr int kQBytes = RoundUp(kMaxRows * kQStride * QELEM, 16);
   static constexpr int kMlOff = kQOff + kQBytes;  // [kSlices][kMaxRows][2] float (max, sum)
   static constexpr int kMlBytes = kSlices * kMaxRows * 2 * 4;
   static constexpr int kMaskOff = kMlOff + kMlBytes;  // [kStages] uint32 page-valid bits
@@ -69,15 +77,17 @@ struct GroupedConfig {
   static_assert(kSlices * kMaxRows * D * 4 <= kStages * kStageBytes, "combine buffer");
 };
 
-// Dynamic shared memory of one CTA (0 for an unsupported head size).
-size_t GroupedSmemBytes(ScalarKind kind, int head_size);
+// Dynamic shared memory of one CTA (0 for an unsupported head size or
+// query / cache combination).
+size_t GroupedSmemBytes(ScalarKind query_kind, CacheKind cache_kind, int head_size);
 
 // Launches the grouped kernel over the V2 workspace of `p` and, when
 // p.max_num_partitions > 1, the V2 reduce kernel (paged_attention.cuh);
-// with a single partition the kernel writes p.out directly. The caller has
-// checked shapes, block size (8, 16 or 32), alignment, the device (sm_90+)
-// and that GroupedSmemBytes fits. Returns cudaGetLastError().
-template <typename T, int HEAD_SIZE>
+// with a single partition the kernel writes p.out (and p.lse) directly. T:
+// query / output type, TC: cache type (T, or an fp8 type with a 16-bit T).
+// The caller has checked shapes, block size (8, 16 or 32), alignment, the
+// device (sm_90+) and that GroupedSmemBytes fits. Returns cudaGetLastError().
+template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device, cudaStream_t stream);
 
 }  // namespace grouped

@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "params.h"
 
@@ -72,6 +74,34 @@ inline int MaxSharedMemoryOptin(int device) {
   }
   if (device >= 0 && device < kMaxDevices) cache[device].store(value, std::memory_order_relaxed);
   return value;
+}
+
+// Compute capability major of `device`, queried once per device (0 if the
+// query fails).
+inline int ComputeCapabilityMajor(int device) {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  if (device >= 0 && device < kMaxDevices) {
+    const int cached = cache[device].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (device >= 0 && device < kMaxDevices) cache[device].store(major, std::memory_order_relaxed);
+  return major;
+}
+
+// Whether the V2 reduce is launched as a programmatic dependent of the
+// attention kernel (sm_90+; it then starts while that kernel drains). The
+// environment variable JAX_PAGED_PDL=0 turns it off (read once).
+inline bool UseProgrammaticLaunch(int device) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("JAX_PAGED_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled && ComputeCapabilityMajor(device) >= 9;
 }
 
 // V1 (v2 == false): grid (num_heads * q_len, num_seqs), writes p.out.

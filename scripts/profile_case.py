@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""One paged-attention call per implementation, for a kernel profiler (ncu).
+
+Builds one configuration (bf16, random data, permuted block tables), compiles
+each implementation, then runs each once more inside a profiler range so that
+`ncu --kernel-name regex:...` sees exactly the kernels of one call, plus one
+device-to-device copy of the same number of bytes as K and V (the reference
+rate under the same profiler). Prints nothing the profiler needs; it exists so
+that kernel durations (gpu__time_duration) can be read without any loop or
+dispatch overhead around them.
+
+    ncu --clock-control none --metrics gpu__time_duration.sum python3 scripts/profile_case.py \
+        --config 1,32,8,32768
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+import jax_paged as jp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="1,32,8,32768", help="B,Hq,Hkv,L[,head_size[,block_size]]")
+    ap.add_argument("--impls", default="grouped,v2", help="comma-separated impl names")
+    ap.add_argument("--copy", action="store_true", help="also one copy of the K+V bytes")
+    args = ap.parse_args()
+    parts = [int(v) for v in args.config.split(",")]
+    B, hq, hkv, L = parts[:4]
+    D = parts[4] if len(parts) > 4 else 128
+    bs = parts[5] if len(parts) > 5 else 16
+    dtype = jnp.bfloat16
+    x = 16 // jnp.dtype(dtype).itemsize
+    nblk = L // bs
+    rng = np.random.default_rng(0)
+    num_blocks = B * nblk
+    tables = rng.permutation(num_blocks).reshape(B, nblk).astype(np.int32)
+    key = jax.random.key(0)
+    k1, k2, k3 = jax.random.split(key, 3)
+    q = jax.random.normal(k1, (B, hq, D), dtype)
+    kc = jax.random.normal(k2, (num_blocks, hkv, D // x, bs, x), dtype)
+    vc = jax.random.normal(k3, (num_blocks, hkv, D, bs), dtype)
+    bt = jnp.asarray(tables)
+    sl = jnp.full((B,), L, jnp.int32)
+    for impl in args.impls.split(","):
+        f = jax.jit(lambda q, kc, vc, bt, sl, impl=impl: jp.paged_attention(q, kc, vc, bt, sl, impl=impl))
+        jax.block_until_ready(f(q, kc, vc, bt, sl))
+        jax.block_until_ready(f(q, kc, vc, bt, sl))
+        print(f"ran {impl}", flush=True)
+    if args.copy:
+        both = jnp.concatenate([kc.reshape(-1), vc.reshape(-1)])
+        cp = jax.jit(lambda a: a + jnp.asarray(1, a.dtype))
+        jax.block_until_ready(cp(both))
+        jax.block_until_ready(cp(both))
+        print(f"copied {both.size * both.dtype.itemsize / 1e6:.1f} MB (read) + same written", flush=True)
+
+
+if __name__ == "__main__":
+    main()

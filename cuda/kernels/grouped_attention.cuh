@@ -190,14 +190,6 @@ __device__ __forceinline__ uint32_t Fp8PairTo(uint32_t two) {
   }
 }
 
-// tanh(x) = 1 - 2 / (e^2x + 1): a few instructions instead of tanhf's
-// inlined polynomial in the unrolled logit loop; absolute error ~1e-7 (the
-// soft cap multiplies it by c; the logits need absolute, not relative,
-// accuracy), exact limits +-1 (e^2x = inf or 0).
-__device__ __forceinline__ float Tanh(float x) {
-  return 1.0f - 2.0f / (exp2f(x * (2.0f * kLog2e)) + 1.0f);
-}
-
 // Keeps byte i of `v` iff bit i of `bits` is set (zeroes masked fp8 values).
 __device__ __forceinline__ uint32_t ByteMask(uint32_t v, uint32_t bits) {
   const uint32_t m = ((bits & 1u) ? 0x000000FFu : 0u) | ((bits & 2u) ? 0x0000FF00u : 0u) |
@@ -580,7 +572,9 @@ __global__ void __launch_bounds__(kThreads)
           } else {
             if (((smask >> j) & 1u) && t >= r_start[r] && t < r_end[r]) {
               l = fmaf(s[nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
-              if (soft_cap > 0.0f) l = cap2 * Tanh(l * cap_inv);
+              // (tanhf: a 1 - 2 / (exp(2x) + 1) form measured slower on the H200,
+              // 297 against 275 us at 32x32x32x2048 with soft cap 30.)
+              if (soft_cap > 0.0f) l = cap2 * tanhf(l * cap_inv);
             }
           }
           s[nt][e] = l;

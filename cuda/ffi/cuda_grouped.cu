@@ -48,46 +48,13 @@ size_t GroupedSmemBytes(ScalarKind query_kind, CacheKind cache_kind, int head_si
 
 namespace {
 
+using cuda::CudaError;
 using cuda::CudaScalarT;
 
-ffi::Error CudaError(const char* op, cudaError_t err) {
-  return ffi::Error::Internal(std::string("jax_paged: CUDA error in ") + op + ": " +
-                              cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
-
-bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-ffi::Error PagedAttentionGroupedCuda(cudaStream_t stream, ffi::AnyBuffer query,
-                                     ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
-                                     ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
-                                     ffi::AnyBuffer alibi, ffi::AnyBuffer k_scale,
-                                     ffi::AnyBuffer v_scale, float scale, float soft_cap,
-                                     int64_t sliding_window, int64_t partition_size,
-                                     ffi::Result<ffi::AnyBuffer> out,
-                                     ffi::Result<ffi::AnyBuffer> lse,
-                                     ffi::Result<ffi::AnyBuffer> exp_sums,
-                                     ffi::Result<ffi::AnyBuffer> max_logits,
-                                     ffi::Result<ffi::AnyBuffer> tmp_out) {
+ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, ScalarKind kind) {
   constexpr const char* op = "paged_attention_grouped";
-  PagedAttentionParams p;
-  ScalarKind kind = ScalarKind::kF32;
-  if (auto err = UnpackPagedAttentionExt(query, key_cache, value_cache, block_tables, seq_lens,
-                                         alibi, k_scale, v_scale, soft_cap, sliding_window, *out,
-                                         *lse, &p, &kind);
-      err.failure())
-    return err;
-  if (partition_size > INT_MAX)
-    return ArgError(std::string(op) + ": partition_size " + std::to_string(partition_size) +
-                    " overflows int32");
-  if (auto err = UnpackPartitions(partition_size, *exp_sums, *max_logits, *tmp_out, &p);
-      err.failure())
-    return err;
-  p.scale = scale;
-
   if (!cuda::IsSupportedHeadSize(p.head_size)) return cuda::UnsupportedHeadSize(p.head_size);
-  if (p.block_size != 8 && p.block_size != 16 && p.block_size != 32)
-    return ArgError(std::string(op) + ": block_size must be 8, 16 or 32, got " +
-                    std::to_string(p.block_size));
+  if (!cuda::IsSupportedBlockSize(p.block_size)) return cuda::UnsupportedBlockSize(p.block_size);
   const bool fp8 = p.cache_kind != CacheKind::kSameAsQuery;
   if (fp8 && kind == ScalarKind::kF32)
     return ArgError(std::string(op) + ": fp8 caches need a float16 or bfloat16 query here, got "
@@ -96,18 +63,7 @@ ffi::Error PagedAttentionGroupedCuda(cudaStream_t stream, ffi::AnyBuffer query,
     return ArgError(std::string(op) + ": fp8 caches need head_size % 16 == 0, got " +
                     std::to_string(p.head_size));
   if (p.num_seqs == 0 || p.num_heads == 0) return ffi::Error::Success();  // nothing to write
-  if (!Aligned16(p.query) || !Aligned16(p.key_cache) || !Aligned16(p.value_cache) ||
-      !Aligned16(p.out))
-    return ArgError(std::string(op) + ": query, caches and out must be 16-byte aligned");
-  const int64_t capacity = int64_t{p.max_blocks_per_seq} * p.block_size;
-  if (capacity > INT_MAX)
-    return ArgError(std::string(op) + ": max_blocks_per_seq * block_size overflows int32");
-  if (p.max_num_partitions > cuda::kMaxGridYZ)
-    return ArgError(std::string(op) + ": " + std::to_string(p.max_num_partitions) +
-                    " partitions exceed the CUDA grid limit of " +
-                    std::to_string(cuda::kMaxGridYZ) + "; use a larger partition_size");
-  if (int64_t{p.num_heads} * p.q_len > INT_MAX)
-    return ArgError(std::string(op) + ": num_heads * q_len overflows the grid");
+  if (auto err = cuda::CheckAttentionLaunch(p, op, /*partitioned=*/true); err.failure()) return err;
 
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return CudaError(op, err);
@@ -157,14 +113,7 @@ ffi::Error PagedAttentionGroupedCuda(cudaStream_t stream, ffi::AnyBuffer query,
 }  // namespace
 }  // namespace jax_paged
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda, jax_paged::PagedAttentionGroupedCuda,
-                              jax_paged::BindAttentionOperands(
-                                  xla::ffi::Ffi::Bind()
-                                      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>())
-                                  .Attr<int64_t>("partition_size")
-                                  .Ret<xla::ffi::AnyBuffer>()   // out
-                                  .Ret<xla::ffi::AnyBuffer>()   // lse
-                                  .Ret<xla::ffi::AnyBuffer>()   // exp_sums
-                                  .Ret<xla::ffi::AnyBuffer>()   // max_logits
-                                  .Ret<xla::ffi::AnyBuffer>(),  // tmp_out
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda,
+                              jax_paged::cuda::PartitionedAttention<jax_paged::RunGroupedAttention>,
+                              jax_paged::PartitionedAttentionBinding(),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -24,12 +24,9 @@
 namespace jax_paged {
 namespace {
 
+using cuda::Aligned16;
+using cuda::CudaError;
 using cuda::CudaScalarT;
-
-ffi::Error CudaError(const char* op, cudaError_t err) {
-  return ffi::Error::Internal(std::string("jax_paged: CUDA error in ") + op + ": " +
-                              cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
 
 // See UnaliasedCaches (common.h): normally a no-op. The copy is an async
 // device-to-device copy on the handler's stream, so it stays capturable in a
@@ -43,27 +40,14 @@ ffi::Error CopyUnaliasedCaches(const UnaliasedCaches& c, cudaStream_t stream) {
   return ffi::Error::Success();
 }
 
-bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 ffi::Error RunPagedAttention(cudaStream_t stream, PagedAttentionParams& p, ScalarKind kind,
                              bool v2) {
   const char* op = v2 ? "paged_attention_v2" : "paged_attention_v1";
   if (!cuda::IsSupportedHeadSize(p.head_size)) return cuda::UnsupportedHeadSize(p.head_size);
   if (!cuda::IsSupportedBlockSize(p.block_size)) return cuda::UnsupportedBlockSize(p.block_size);
   if (p.num_seqs == 0 || p.num_heads == 0) return ffi::Error::Success();  // nothing to write
-  // 16-byte vector loads; XLA buffers are at least 16-byte aligned.
-  if (!Aligned16(p.query) || !Aligned16(p.key_cache) || !Aligned16(p.value_cache) ||
-      !Aligned16(p.out))
-    return ArgError(std::string(op) + ": query, caches and out must be 16-byte aligned");
+  if (auto err = cuda::CheckAttentionLaunch(p, op, v2); err.failure()) return err;
   const int64_t capacity = int64_t{p.max_blocks_per_seq} * p.block_size;
-  if (capacity > INT_MAX)
-    return ArgError(std::string(op) + ": max_blocks_per_seq * block_size overflows int32");
-  if (v2 && p.max_num_partitions > cuda::kMaxGridYZ)
-    return ArgError("paged_attention_v2: " + std::to_string(p.max_num_partitions) +
-                    " partitions exceed the CUDA grid limit of " +
-                    std::to_string(cuda::kMaxGridYZ) + "; use a larger partition_size");
-  if (int64_t{p.num_heads} * p.q_len > INT_MAX)
-    return ArgError(std::string(op) + ": num_heads * q_len overflows the grid");
 
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return CudaError(op, err);
@@ -138,31 +122,7 @@ ffi::Error PagedAttentionV1Cuda(cudaStream_t stream, ffi::AnyBuffer query,
   return RunPagedAttention(stream, p, kind, /*v2=*/false);
 }
 
-ffi::Error PagedAttentionV2Cuda(cudaStream_t stream, ffi::AnyBuffer query,
-                                ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
-                                ffi::AnyBuffer block_tables, ffi::AnyBuffer seq_lens,
-                                ffi::AnyBuffer alibi, ffi::AnyBuffer k_scale,
-                                ffi::AnyBuffer v_scale, float scale, float soft_cap,
-                                int64_t sliding_window, int64_t partition_size,
-                                ffi::Result<ffi::AnyBuffer> out,
-                                ffi::Result<ffi::AnyBuffer> lse,
-                                ffi::Result<ffi::AnyBuffer> exp_sums,
-                                ffi::Result<ffi::AnyBuffer> max_logits,
-                                ffi::Result<ffi::AnyBuffer> tmp_out) {
-  PagedAttentionParams p;
-  ScalarKind kind = ScalarKind::kF32;
-  if (auto err = UnpackPagedAttentionExt(query, key_cache, value_cache, block_tables, seq_lens,
-                                         alibi, k_scale, v_scale, soft_cap, sliding_window, *out,
-                                         *lse, &p, &kind);
-      err.failure())
-    return err;
-  if (partition_size > INT_MAX)
-    return ArgError("paged_attention_v2: partition_size " + std::to_string(partition_size) +
-                    " overflows int32");
-  if (auto err = UnpackPartitions(partition_size, *exp_sums, *max_logits, *tmp_out, &p);
-      err.failure())
-    return err;
-  p.scale = scale;
+ffi::Error RunPagedAttentionV2(cudaStream_t stream, PagedAttentionParams& p, ScalarKind kind) {
   return RunPagedAttention(stream, p, kind, /*v2=*/true);
 }
 
@@ -241,14 +201,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV1Cuda, jax_paged::PagedAttention
                                   .Ret<xla::ffi::AnyBuffer>(),  // lse
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV2Cuda, jax_paged::PagedAttentionV2Cuda,
-                              jax_paged::BindAttentionOperands(jax_paged::StreamBinding())
-                                  .Attr<int64_t>("partition_size")
-                                  .Ret<xla::ffi::AnyBuffer>()   // out
-                                  .Ret<xla::ffi::AnyBuffer>()   // lse
-                                  .Ret<xla::ffi::AnyBuffer>()   // exp_sums
-                                  .Ret<xla::ffi::AnyBuffer>()   // max_logits
-                                  .Ret<xla::ffi::AnyBuffer>(),  // tmp_out
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionV2Cuda,
+                              jax_paged::cuda::PartitionedAttention<jax_paged::RunPagedAttentionV2>,
+                              jax_paged::PartitionedAttentionBinding(),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedReshapeAndCacheCuda, jax_paged::ReshapeAndCacheCuda,

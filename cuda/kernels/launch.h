@@ -58,17 +58,17 @@ inline size_t PagedAttentionSmemBytes(int head_size, int64_t logit_slots) {
 
 constexpr int kMaxDevices = 64;
 
-// cudaDevAttrMaxSharedMemoryPerBlockOptin of `device`, queried once per
-// device and cached (0 if the query fails).
-inline int MaxSharedMemoryOptin(int device) {
+// Device attribute `kAttr` of `device`, queried once per (attribute, device)
+// and cached (0 if the query fails).
+template <cudaDeviceAttr kAttr>
+inline int CachedDeviceAttribute(int device) {
   static std::atomic<int> cache[kMaxDevices] = {};
   if (device >= 0 && device < kMaxDevices) {
     const int cached = cache[device].load(std::memory_order_relaxed);
     if (cached > 0) return cached;
   }
   int value = 0;
-  if (cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-      cudaSuccess) {
+  if (cudaDeviceGetAttribute(&value, kAttr, device) != cudaSuccess) {
     (void)cudaGetLastError();  // clear the non-sticky error
     return 0;
   }
@@ -76,21 +76,12 @@ inline int MaxSharedMemoryOptin(int device) {
   return value;
 }
 
-// Compute capability major of `device`, queried once per device (0 if the
-// query fails).
+inline int MaxSharedMemoryOptin(int device) {
+  return CachedDeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+}
+
 inline int ComputeCapabilityMajor(int device) {
-  static std::atomic<int> cache[kMaxDevices] = {};
-  if (device >= 0 && device < kMaxDevices) {
-    const int cached = cache[device].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
-  }
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (device >= 0 && device < kMaxDevices) cache[device].store(major, std::memory_order_relaxed);
-  return major;
+  return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(device);
 }
 
 // Whether the V2 reduce is launched as a programmatic dependent of the

@@ -152,10 +152,12 @@ def _write(key, value, key_cache, value_cache, slot_mapping):
     return api.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
-@custom_partitioning
-def _write_scaled(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+def _write_with_scales(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
     return api.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
                                  k_scale=k_scale, v_scale=v_scale)
+
+
+_write_scaled = custom_partitioning(_write_with_scales)
 
 
 def _write_infer(mesh, arg_shapes, result_shape):
@@ -163,9 +165,14 @@ def _write_infer(mesh, arg_shapes, result_shape):
     return (_named(mesh, None, axis), _named(mesh, None, axis))
 
 
-def _write_partition(mesh, arg_shapes, result_shape):
+def _write_heads(mesh, arg_shapes):
+    """The KV-head mesh axis of the caches and the sharding of a [*, num_kv_heads, ...] array."""
     axis = _heads_axis(mesh, arg_shapes[2].sharding, ("num_kv_heads", arg_shapes[2].shape[1]))
-    heads = _named(mesh, None, axis)
+    return axis, _named(mesh, None, axis)
+
+
+def _write_partition(mesh, arg_shapes, result_shape):
+    _, heads = _write_heads(mesh, arg_shapes)
     return (mesh, api.reshape_and_cache, (heads, heads),
             (heads, heads, heads, heads, _named(mesh)))
 
@@ -175,13 +182,8 @@ _write.def_partition(infer_sharding_from_operands=_write_infer, partition=_write
 
 
 def _write_scaled_partition(mesh, arg_shapes, result_shape):
-    axis = _heads_axis(mesh, arg_shapes[2].sharding, ("num_kv_heads", arg_shapes[2].shape[1]))
-    heads = _named(mesh, None, axis)
-
-    def lower(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
-        return api.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                                     k_scale=k_scale, v_scale=v_scale)
-    return (mesh, lower, (heads, heads),
+    axis, heads = _write_heads(mesh, arg_shapes)
+    return (mesh, _write_with_scales, (heads, heads),
             (heads, heads, heads, heads, _named(mesh), _named(mesh, axis), _named(mesh, axis)))
 
 

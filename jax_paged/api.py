@@ -97,10 +97,7 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
     soft_cap = _shapes.check_soft_cap(soft_cap)
     sliding_window = _shapes.check_sliding_window(sliding_window)
     scale = float(dims.head_size ** -0.5 if scale is None else scale)
-    empty = jnp.zeros((0,), jnp.float32)
-    alibi = empty if alibi is None else alibi
-    k_scale = empty if k_scale is None else k_scale.reshape(-1)
-    v_scale = empty if v_scale is None else v_scale.reshape(-1)
+    alibi, k_scale, v_scale = map(primitives.to_operand, (alibi, k_scale, v_scale))
     results = _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                         alibi, k_scale, v_scale, scale, impl, int(partition_size),
                                         soft_cap, sliding_window, bool(return_lse))
@@ -130,12 +127,12 @@ def _attention_bwd(scale, impl, partition_size, soft_cap, sliding_window, return
     # The backward pass differentiates the reference (same semantics): it
     # recomputes the forward in jnp, which is fine for fine-tuning-sized use.
     query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale = residuals
-    optional = lambda a: a if a.shape[0] else None  # noqa: E731
 
     def forward(query, key_cache, value_cache, alibi, k_scale, v_scale):
         result = reference.paged_attention(
             query, key_cache, value_cache, block_tables, seq_lens, scale=scale,
-            alibi_slopes=optional(alibi), k_scale=optional(k_scale), v_scale=optional(v_scale),
+            alibi_slopes=primitives.from_operand(alibi), k_scale=primitives.from_operand(k_scale),
+            v_scale=primitives.from_operand(v_scale),
             soft_cap=soft_cap or None, sliding_window=sliding_window or None,
             return_lse=return_lse)
         return tuple(result) if return_lse else (result,)
@@ -222,9 +219,7 @@ def reshape_and_cache(key: ArrayLike, value: ArrayLike, key_cache: ArrayLike,
     args = tuple(map(jnp.asarray, (key, value, key_cache, value_cache, slot_mapping)))
     k_scale, v_scale = (None if a is None else jnp.asarray(a) for a in (k_scale, v_scale))
     _shapes.check_reshape_and_cache(*args, k_scale, v_scale)
-    empty = jnp.zeros((0,), jnp.float32)
-    k_scale = empty if k_scale is None else k_scale.reshape(-1)
-    v_scale = empty if v_scale is None else v_scale.reshape(-1)
+    k_scale, v_scale = map(primitives.to_operand, (k_scale, v_scale))
     kc, vc = primitives.reshape_and_cache_p.bind(*args, k_scale, v_scale)
     return kc, vc
 

@@ -148,14 +148,21 @@ paged_attention_p = Primitive("jax_paged_attention")
 paged_attention_p.multiple_results = True
 
 
-def _optional(a):
+def to_operand(a):
+    """An optional array (ALiBi slopes, scales) as a primitive operand: a
+    [0]-shaped float32 array for None, else the array flattened."""
+    return jnp.zeros((0,), jnp.float32) if a is None else jnp.reshape(a, (-1,))
+
+
+def from_operand(a):
+    """The inverse of to_operand: None for a [0]-shaped operand."""
     return a if a.shape[0] else None
 
 
 def _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
                     v_scale):
     return _shapes.check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                                         _optional(alibi), _optional(k_scale), _optional(v_scale))
+                                         from_operand(alibi), from_operand(k_scale), from_operand(v_scale))
 
 
 def _lse_shape(query):
@@ -183,8 +190,8 @@ def _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, 
                          return_lse):
     result = reference.paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, scale=scale,
-        alibi_slopes=_optional(alibi), impl=impl, partition_size=partition_size,
-        k_scale=_optional(k_scale), v_scale=_optional(v_scale), soft_cap=soft_cap or None,
+        alibi_slopes=from_operand(alibi), impl=impl, partition_size=partition_size,
+        k_scale=from_operand(k_scale), v_scale=from_operand(v_scale), soft_cap=soft_cap or None,
         sliding_window=sliding_window or None, return_lse=return_lse)
     return list(result) if return_lse else [result]
 
@@ -309,7 +316,7 @@ def _cache_avals(key_cache, value_cache):
 # ([1], [num_kv_heads] or [0] = none; fp8 caches only).
 def _write_abstract(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
     _shapes.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                                    _optional(k_scale), _optional(v_scale))
+                                    from_operand(k_scale), from_operand(v_scale))
     return _cache_avals(key_cache, value_cache)
 
 
@@ -323,8 +330,8 @@ def _write_native(platform, key, value, key_cache, value_cache, slot_mapping, k_
 
 def _write_reference(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
     return list(reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                                            k_scale=_optional(k_scale),
-                                            v_scale=_optional(v_scale)))
+                                            k_scale=from_operand(k_scale),
+                                            v_scale=from_operand(v_scale)))
 
 
 def _fold_caches(key_cache, value_cache):

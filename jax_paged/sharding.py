@@ -65,15 +65,18 @@ def _named(mesh, *spec):
     return NamedSharding(mesh, P(*spec))
 
 
+def _scale_per_kv_head(scale, num_kv_heads: int):
+    """One operand layout for the partitioners: a k_scale / v_scale of shape
+    (), (1,) or [num_kv_heads] (None = 1) as float32 [num_kv_heads], sharded
+    with the KV heads."""
+    scale = jnp.ones((), jnp.float32) if scale is None else jnp.asarray(scale)
+    if scale.ndim > 1 or scale.size not in (1, num_kv_heads):
+        raise ValueError(f"k_scale / v_scale must have shape (), (1,) or [num_kv_heads] = "
+                         f"({num_kv_heads},), got {tuple(scale.shape)}")
+    return jnp.broadcast_to(scale.reshape(-1), (num_kv_heads,))
+
+
 # ---- paged_attention -------------------------------------------------------------
-
-@functools.partial(custom_partitioning, static_argnums=(8, 9, 10, 11, 12, 13))
-def _attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes, k_scale,
-               v_scale, scale, impl, partition_size, soft_cap, sliding_window, has_scales):
-    return _local_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
-                            k_scale, v_scale, scale, impl, partition_size, soft_cap,
-                            sliding_window, has_scales)
-
 
 def _local_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
                      k_scale, v_scale, scale, impl, partition_size, soft_cap, sliding_window,
@@ -84,6 +87,9 @@ def _local_attention(query, key_cache, value_cache, block_tables, seq_lens, alib
                                k_scale=k_scale if has_scales else None,
                                v_scale=v_scale if has_scales else None, soft_cap=soft_cap,
                                sliding_window=sliding_window)
+
+
+_attention = custom_partitioning(_local_attention, static_argnums=(8, 9, 10, 11, 12, 13))
 
 
 def _attention_infer(scale, impl, partition_size, soft_cap, sliding_window, has_scales, mesh,
@@ -132,16 +138,9 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sc
         alibi_slopes = jnp.zeros((query.shape[1],), jnp.float32)
     num_kv_heads = jnp.shape(key_cache)[1]
     has_scales = k_scale is not None or v_scale is not None
-
-    def per_head(s):
-        # One operand layout for the partitioner: [num_kv_heads] (1 = no scale).
-        s = jnp.ones((), jnp.float32) if s is None else jnp.asarray(s)
-        if s.ndim > 1 or s.size not in (1, num_kv_heads):
-            raise ValueError(f"k_scale / v_scale must have shape (), (1,) or [num_kv_heads] = "
-                             f"({num_kv_heads},), got {tuple(s.shape)}")
-        return jnp.broadcast_to(s.reshape(-1), (num_kv_heads,))
     return _attention(query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes,
-                      per_head(k_scale), per_head(v_scale), float(scale), impl,
+                      _scale_per_kv_head(k_scale, num_kv_heads),
+                      _scale_per_kv_head(v_scale, num_kv_heads), float(scale), impl,
                       int(partition_size), soft_cap, sliding_window, has_scales)
 
 
@@ -165,14 +164,15 @@ def _write_infer(mesh, arg_shapes, result_shape):
     return (_named(mesh, None, axis), _named(mesh, None, axis))
 
 
-def _write_heads(mesh, arg_shapes):
-    """The KV-head mesh axis of the caches and the sharding of a [*, num_kv_heads, ...] array."""
-    axis = _heads_axis(mesh, arg_shapes[2].sharding, ("num_kv_heads", arg_shapes[2].shape[1]))
+def _cache_heads(mesh, cache):
+    """The KV-head mesh axis of a cache operand and the sharding of an array
+    [*, num_kv_heads, ...] on it."""
+    axis = _heads_axis(mesh, cache.sharding, ("num_kv_heads", cache.shape[1]))
     return axis, _named(mesh, None, axis)
 
 
 def _write_partition(mesh, arg_shapes, result_shape):
-    _, heads = _write_heads(mesh, arg_shapes)
+    _, heads = _cache_heads(mesh, arg_shapes[2])
     return (mesh, api.reshape_and_cache, (heads, heads),
             (heads, heads, heads, heads, _named(mesh)))
 
@@ -182,7 +182,7 @@ _write.def_partition(infer_sharding_from_operands=_write_infer, partition=_write
 
 
 def _write_scaled_partition(mesh, arg_shapes, result_shape):
-    axis, heads = _write_heads(mesh, arg_shapes)
+    axis, heads = _cache_heads(mesh, arg_shapes[2])
     return (mesh, _write_with_scales, (heads, heads),
             (heads, heads, heads, heads, _named(mesh), _named(mesh, axis), _named(mesh, axis)))
 
@@ -203,8 +203,7 @@ def _copy_infer(mesh, arg_shapes, result_shape):
 
 
 def _copy_partition(mesh, arg_shapes, result_shape):
-    axis = _heads_axis(mesh, arg_shapes[0].sharding, ("num_kv_heads", arg_shapes[0].shape[1]))
-    heads = _named(mesh, None, axis)
+    _, heads = _cache_heads(mesh, arg_shapes[0])
     return mesh, api.copy_blocks, (heads, heads), (heads, heads, _named(mesh))
 
 
@@ -220,15 +219,9 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *, k_sca
     if k_scale is None and v_scale is None:
         return _write(key, value, key_cache, value_cache, slot_mapping)
     num_kv_heads = jnp.shape(key_cache)[1]
-
-    def per_head(s):
-        s = jnp.ones((), jnp.float32) if s is None else jnp.asarray(s)
-        if s.ndim > 1 or s.size not in (1, num_kv_heads):
-            raise ValueError(f"k_scale / v_scale must have shape (), (1,) or [num_kv_heads] = "
-                             f"({num_kv_heads},), got {tuple(s.shape)}")
-        return jnp.broadcast_to(s.reshape(-1), (num_kv_heads,))
-    return _write_scaled(key, value, key_cache, value_cache, slot_mapping, per_head(k_scale),
-                         per_head(v_scale))
+    return _write_scaled(key, value, key_cache, value_cache, slot_mapping,
+                         _scale_per_kv_head(k_scale, num_kv_heads),
+                         _scale_per_kv_head(v_scale, num_kv_heads))
 
 
 def copy_blocks(key_cache, value_cache, block_mapping):

@@ -13,6 +13,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../kernels/dtypes.cuh"
 #include "../kernels/launch.h"
 #include "common.h"
 
@@ -66,6 +67,17 @@ ffi::Error DispatchBlockSize(int block_size, F&& f) {
 
 #undef JAX_PAGED_SIZE_CASE_
 #undef JAX_PAGED_SIZE_STR_
+
+// Calls f(T{}, TC{}): T the CUDA storage type of `kind` (the query's or the
+// new keys' dtype), TC the cache's: T itself, or the fp8 type of cache_kind.
+template <typename F>
+ffi::Error DispatchQueryAndCache(ScalarKind kind, CacheKind cache_kind, F&& f) {
+  return DispatchScalar(kind, [&](auto tag) {
+    using T = CudaScalarT<decltype(tag)::value>;
+    if (cache_kind == CacheKind::kSameAsQuery) return f(T{}, T{});
+    return DispatchFp8(cache_kind, [&](auto ctag) { return f(T{}, CudaFp8T<decltype(ctag)::value>{}); });
+  });
+}
 
 inline ffi::Error CudaError(const char* op, cudaError_t err) {
   return ffi::Error::Internal(std::string("jax_paged: CUDA error in ") + op + ": " +

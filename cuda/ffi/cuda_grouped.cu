@@ -49,7 +49,6 @@ size_t GroupedSmemBytes(ScalarKind query_kind, CacheKind cache_kind, int head_si
 namespace {
 
 using cuda::CudaError;
-using cuda::CudaScalarT;
 
 ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, ScalarKind kind) {
   constexpr const char* op = "paged_attention_grouped";
@@ -78,33 +77,22 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
                     " bytes of shared memory per block, more than this GPU's " +
                     std::to_string(optin) + "; use impl=\"v2\"");
 
-  auto launch = [&](auto query_type, auto cache_type) {
+  return cuda::DispatchQueryAndCache(kind, p.cache_kind, [&](auto query_type,
+                                                             auto cache_type) -> ffi::Error {
     using T = decltype(query_type);
     using TC = decltype(cache_type);
-    return cuda::DispatchHeadSize(p.head_size, [&](auto head) -> ffi::Error {
-      constexpr int kHead = decltype(head)::value;
-      if constexpr (sizeof(TC) == 1 && kHead % 16 != 0) {
-        return ffi::Error::Internal("unreachable: fp8 head size checked above");
-      } else {
-        const cudaError_t err =
-            cuda::grouped::LaunchGroupedAttention<T, TC, kHead>(p, device, stream);
-        return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, err);
-      }
-    });
-  };
-  if (!fp8) {
-    return DispatchScalar(kind, [&](auto tag) {
-      using T = CudaScalarT<decltype(tag)::value>;
-      return launch(T{}, T{});
-    });
-  }
-  return DispatchScalar(kind, [&](auto tag) -> ffi::Error {
-    using T = CudaScalarT<decltype(tag)::value>;
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (sizeof(TC) == 1 && std::is_same_v<T, float>) {
       return ffi::Error::Internal("unreachable: fp8 with a float32 query checked above");
     } else {
-      return DispatchFp8(p.cache_kind, [&](auto ctag) {
-        return launch(T{}, cuda::CudaFp8T<decltype(ctag)::value>{});
+      return cuda::DispatchHeadSize(p.head_size, [&](auto head) -> ffi::Error {
+        constexpr int kHead = decltype(head)::value;
+        if constexpr (sizeof(TC) == 1 && kHead % 16 != 0) {
+          return ffi::Error::Internal("unreachable: fp8 head size checked above");
+        } else {
+          const cudaError_t err =
+              cuda::grouped::LaunchGroupedAttention<T, TC, kHead>(p, device, stream);
+          return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, err);
+        }
       });
     }
   });

@@ -144,24 +144,13 @@ ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::Any
     return err;
   if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0 || p.num_blocks == 0)
     return ffi::Error::Success();  // nothing to write (or nowhere to write it)
-  if (p.cache_kind != CacheKind::kSameAsQuery) {
-    if (!Aligned16(p.key_cache))
-      return ArgError("reshape_and_cache: key_cache must be 16-byte aligned");
-    return DispatchScalar(kind, [&](auto tag) {
-      using TIN = CudaScalarT<decltype(tag)::value>;
-      return DispatchFp8(p.cache_kind, [&](auto ctag) {
-        const cudaError_t err =
-            cuda::LaunchReshapeAndCacheQuant<TIN, cuda::CudaFp8T<decltype(ctag)::value>>(
-                p, stream);
-        return err == cudaSuccess ? ffi::Error::Success() : CudaError("reshape_and_cache", err);
-      });
-    });
-  }
-  if (!Aligned16(p.key) || !Aligned16(p.key_cache))
+  // 16-byte stores into the K cache; 16-byte loads of the keys when they are
+  // copied as they are (not quantised).
+  if (!Aligned16(p.key_cache) || (p.cache_kind == CacheKind::kSameAsQuery && !Aligned16(p.key)))
     return ArgError("reshape_and_cache: key and key_cache must be 16-byte aligned");
-  return DispatchScalar(kind, [&](auto tag) {
+  return cuda::DispatchQueryAndCache(kind, p.cache_kind, [&](auto key_type, auto cache_type) {
     const cudaError_t err =
-        cuda::LaunchReshapeAndCache<CudaScalarT<decltype(tag)::value>>(p, stream);
+        cuda::LaunchReshapeAndCache<decltype(key_type), decltype(cache_type)>(p, stream);
     return err == cudaSuccess ? ffi::Error::Success() : CudaError("reshape_and_cache", err);
   });
 }

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dtypes.cuh"
 #include "launch.h"
@@ -15,17 +16,32 @@ namespace cuda {
 
 constexpr int kCacheThreads = 256;
 
-// One CTA per token. key/value [num_tokens, num_kv_heads, head_size] go to
-// slot = slot_mapping[token] (block = slot / B, offset = slot % B):
+// Cache element of a key/value element: the element itself when the cache
+// has its dtype, else value / scale quantised to fp8 (round to nearest even,
+// saturating to the format's largest finite value: FromFloat<fp8>).
+template <typename TIN, typename TC>
+__device__ __forceinline__ TC ToCacheElem(TIN v, float scale) {
+  if constexpr (std::is_same_v<TIN, TC>) {
+    return v;
+  } else {
+    return FromFloat<TC>(__fdiv_rn(ToFloat(v), scale));
+  }
+}
+
+// One CTA per token. key/value [num_tokens, num_kv_heads, head_size] (TIN) go
+// to slot = slot_mapping[token] (block = slot / B, offset = slot % B) of
+// caches of TC (TIN, or fp8 with k_scale / v_scale):
 //   key_cache   [num_blocks, num_kv_heads, head_size / x, B, x]: each x-chunk
-//               (16 bytes) is contiguous in both source and cache -> one
-//               16-byte copy per chunk;
+//               (16 bytes) is contiguous in the cache -> one 16-byte store per
+//               chunk (a 16-byte copy when TC == TIN);
 //   value_cache [num_blocks, num_kv_heads, head_size, B]: element-wise.
 // Slots < 0 or >= num_blocks * B are skipped (computed in int64).
-template <typename T>
+template <typename TIN, typename TC>
 __global__ void __launch_bounds__(kCacheThreads)
     ReshapeAndCacheKernel(const ReshapeAndCacheParams p) {
-  constexpr int X = 16 / static_cast<int>(sizeof(T));
+  constexpr bool kQuant = !std::is_same_v<TIN, TC>;
+  static_assert(!kQuant || sizeof(TC) == 1, "a cache of another dtype is fp8");
+  constexpr int X = 16 / static_cast<int>(sizeof(TC));
   const int64_t token = blockIdx.x;
   const int64_t slot = p.slot_mapping[token];
   const int64_t B = p.block_size;
@@ -37,63 +53,22 @@ __global__ void __launch_bounds__(kCacheThreads)
   const int chunks_per_head = D / X;  // D % X == 0 (checked by the FFI layer)
   const int64_t row_elems = static_cast<int64_t>(H) * D;
 
-  const T* key = static_cast<const T*>(p.key) + token * row_elems;
-  T* key_cache = static_cast<T*>(p.key_cache);
-  for (int c = threadIdx.x; c < H * chunks_per_head; c += kCacheThreads) {
-    const int h = c / chunks_per_head;
-    const int cx = c % chunks_per_head;
-    const int64_t dst = (((block * H + h) * chunks_per_head + cx) * B + offset) * X;
-    *reinterpret_cast<uint4*>(key_cache + dst) =
-        *reinterpret_cast<const uint4*>(key + static_cast<int64_t>(c) * X);
-  }
-
-  const T* value = static_cast<const T*>(p.value) + token * row_elems;
-  T* value_cache = static_cast<T*>(p.value_cache);
-  for (int i = threadIdx.x; i < H * D; i += kCacheThreads) {
-    const int h = i / D;
-    const int d = i % D;
-    value_cache[((block * H + h) * D + d) * B + offset] = value[i];
-  }
-}
-
-template <typename T>
-cudaError_t LaunchReshapeAndCache(const ReshapeAndCacheParams& p, cudaStream_t stream) {
-  ReshapeAndCacheKernel<T><<<p.num_tokens, kCacheThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-// Quantised write into fp8 caches (x = 16): cache = sat(value / scale),
-// round to nearest even, saturating to the format's largest finite value
-// (FromFloat<fp8>). One CTA per token, as above; each 16-element chunk of a
-// key becomes one 16-byte store.
-template <typename TIN, typename TC>
-__global__ void __launch_bounds__(kCacheThreads)
-    ReshapeAndCacheQuantKernel(const ReshapeAndCacheParams p) {
-  static_assert(sizeof(TC) == 1, "fp8 caches");
-  constexpr int X = 16;
-  const int64_t token = blockIdx.x;
-  const int64_t slot = p.slot_mapping[token];
-  const int64_t B = p.block_size;
-  if (slot < 0 || slot >= p.num_blocks * B) return;
-  const int64_t block = slot / B;
-  const int64_t offset = slot % B;
-  const int H = p.num_kv_heads;
-  const int D = p.head_size;
-  const int chunks_per_head = D / X;  // D % 16 == 0 (checked by the FFI layer)
-  const int64_t row_elems = static_cast<int64_t>(H) * D;
-
   const TIN* key = static_cast<const TIN*>(p.key) + token * row_elems;
   TC* key_cache = static_cast<TC*>(p.key_cache);
   for (int c = threadIdx.x; c < H * chunks_per_head; c += kCacheThreads) {
     const int h = c / chunks_per_head;
     const int cx = c % chunks_per_head;
-    const float ks = p.k_scale != nullptr ? p.k_scale[h * p.k_scale_stride] : 1.0f;
-    uint4 packed;
-    TC* out = reinterpret_cast<TC*>(&packed);
-#pragma unroll
-    for (int i = 0; i < X; ++i)
-      out[i] = FromFloat<TC>(__fdiv_rn(ToFloat(key[static_cast<int64_t>(c) * X + i]), ks));
     const int64_t dst = (((block * H + h) * chunks_per_head + cx) * B + offset) * X;
+    uint4 packed;
+    if constexpr (kQuant) {
+      const float ks = p.k_scale != nullptr ? p.k_scale[h * p.k_scale_stride] : 1.0f;
+      TC* out = reinterpret_cast<TC*>(&packed);
+#pragma unroll
+      for (int i = 0; i < X; ++i)
+        out[i] = ToCacheElem<TIN, TC>(key[static_cast<int64_t>(c) * X + i], ks);
+    } else {
+      packed = *reinterpret_cast<const uint4*>(key + static_cast<int64_t>(c) * X);
+    }
     *reinterpret_cast<uint4*>(key_cache + dst) = packed;
   }
 
@@ -102,15 +77,14 @@ __global__ void __launch_bounds__(kCacheThreads)
   for (int i = threadIdx.x; i < H * D; i += kCacheThreads) {
     const int h = i / D;
     const int d = i % D;
-    const float vs = p.v_scale != nullptr ? p.v_scale[h * p.v_scale_stride] : 1.0f;
-    value_cache[((block * H + h) * D + d) * B + offset] =
-        FromFloat<TC>(__fdiv_rn(ToFloat(value[i]), vs));
+    const float vs = kQuant && p.v_scale != nullptr ? p.v_scale[h * p.v_scale_stride] : 1.0f;
+    value_cache[((block * H + h) * D + d) * B + offset] = ToCacheElem<TIN, TC>(value[i], vs);
   }
 }
 
 template <typename TIN, typename TC>
-cudaError_t LaunchReshapeAndCacheQuant(const ReshapeAndCacheParams& p, cudaStream_t stream) {
-  ReshapeAndCacheQuantKernel<TIN, TC><<<p.num_tokens, kCacheThreads, 0, stream>>>(p);
+cudaError_t LaunchReshapeAndCache(const ReshapeAndCacheParams& p, cudaStream_t stream) {
+  ReshapeAndCacheKernel<TIN, TC><<<p.num_tokens, kCacheThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -107,12 +107,10 @@ template <typename T, typename TC, int HEAD_SIZE, int BLOCK_SIZE>
 cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t smem_bytes,
                                  int device, cudaStream_t stream);
 
-template <typename T>
-cudaError_t LaunchReshapeAndCache(const ReshapeAndCacheParams& p, cudaStream_t stream);
-
-// Quantised write into fp8 caches (TC) from keys/values of type TIN.
+// Keys/values of TIN into caches of TC: TIN itself, or an fp8 type
+// (quantised write, value / scale).
 template <typename TIN, typename TC>
-cudaError_t LaunchReshapeAndCacheQuant(const ReshapeAndCacheParams& p, cudaStream_t stream);
+cudaError_t LaunchReshapeAndCache(const ReshapeAndCacheParams& p, cudaStream_t stream);
 
 // elem_size: bytes of one cache element (1, 2 or 4).
 cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, int elem_size, cudaStream_t stream);

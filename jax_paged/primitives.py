@@ -71,16 +71,17 @@ def _num_sms() -> int:
 
 
 def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
-                           sliding_window: int = 0) -> int:
+                           sliding_window: int = 0, ctas_per_sm: int = 2) -> int:
     """Partition length for impl="grouped" (split-KV): enough partitions that
     every SM (or core) gets work, each at least 256 tokens, a multiple of
     block_size. Chosen from static shapes, so no recompilation per length.
     With a sliding window the split is of the window's blocks (partitions
-    outside a sequence's window exit at once)."""
+    outside a sequence's window exit at once). ``ctas_per_sm``: resident CTAs
+    of the CUDA kernel per SM (grouped_ctas_per_sm)."""
     # Measured on the H200 (BENCHMARKS.md): rounding the split count down
     # beats rounding up (a partial extra wave of CTAs costs more than it
-    # gains), and one split is best once num_seqs * num_kv_heads >= 2 * SMs.
-    workers = 2 * _num_sms() if platform == "cuda" else _cpu_threads()
+    # gains), and one split is best once the CTAs fill every SM's slots.
+    workers = ctas_per_sm * _num_sms() if platform == "cuda" else _cpu_threads()
     # CTAs per partition: one per (sequence, KV head, chunk of 16 query rows).
     rows = dims.q_len * (dims.num_heads // dims.num_kv_heads)
     chunks = -(-rows // 16) if platform == "cuda" else 1
@@ -126,6 +127,19 @@ def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
     # CPU: one V1 work item per (sequence, KV head); split the context only
     # when that leaves cores idle.
     return "v2" if dims.num_seqs * dims.num_kv_heads < _cpu_threads() else "v1"
+
+
+def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
+    """CTAs of the CUDA grouped kernel resident per SM for this call's dtypes
+    and head size, from the CUDA module (the kernel's own configuration: 4
+    when a pipeline stage is at most 16 KiB, else 2); 2 without the module."""
+    module = _native.cuda_module
+    cache_itemsize = (np.dtype(dims.cache_dtype).itemsize if dims.cache_dtype is not None
+                      else np.dtype(query_dtype).itemsize)
+    if module is None or not hasattr(module, "grouped_ctas_per_sm"):
+        return 2
+    return module.grouped_ctas_per_sm(np.dtype(query_dtype).itemsize, cache_itemsize,
+                                      dims.head_size) or 2
 
 
 def grouped_supports(dims: _shapes.AttentionDims, query_dtype) -> bool:
@@ -219,7 +233,8 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
             # Split-KV with all query rows of a KV head in one CTA: V2's
             # contract with a partition size sized to the machine. The CPU V2
             # kernel is already grouped, so only CUDA has a separate kernel.
-            partition_size = grouped_partition_size(platform, dims, sliding_window)
+            ctas = grouped_ctas_per_sm(dims, query.dtype) if platform == "cuda" else 1
+            partition_size = grouped_partition_size(platform, dims, sliding_window, ctas)
             if platform == "cuda":
                 target_v2 = "jax_paged_attention_grouped"
         # else: fp8 under a float32 query: classic V2 with the caller's

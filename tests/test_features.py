@@ -909,3 +909,23 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     # q_len 16 with 4 heads per KV head: 64 rows = 4 CTAs per KV head, 8 splits.
     dims16 = _shapes.AttentionDims(**{**dims.__dict__, "q_len": 16})
     assert primitives.grouped_partition_size("cuda", dims16) == 4096
+
+
+def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):
+    """Kernels with small pipeline stages run four CTAs per SM: the split
+    then fills twice as many slots."""
+    monkeypatch.setattr(primitives, "_num_sms", lambda: 132)
+    dims = _shapes.AttentionDims(num_seqs=1, num_heads=32, head_size=64, num_blocks=4096,
+                                 num_kv_heads=8, block_size=16, max_blocks_per_seq=2048)
+    # 528 workers over 8 CTAs: 66 splits of 32768 tokens -> 497, rounded up to 16.
+    assert primitives.grouped_partition_size("cuda", dims, ctas_per_sm=4) == 512
+    if not jax_paged.has_cuda_kernels():
+        pytest.skip("the CUDA module is not built")
+    per_sm = primitives.grouped_ctas_per_sm
+    fp8 = dict(dims.__dict__, cache_dtype=np.dtype(jnp.float8_e4m3fn))
+    assert per_sm(dims, jnp.bfloat16) == 4          # 16 KiB stages
+    assert per_sm(_shapes.AttentionDims(**{**dims.__dict__, "head_size": 128}), jnp.bfloat16) == 2
+    assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 128}), jnp.bfloat16) == 4
+    # fp8, head 256: 16 KiB stages too, but its 8 KiB query buffer leaves room for three.
+    assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 256}), jnp.bfloat16) == 3
+    assert per_sm(dims, jnp.float32) == 2           # f32 stages are twice as large

@@ -26,21 +26,24 @@ namespace jax_paged {
 namespace cuda {
 namespace grouped {
 
-size_t GroupedSmemBytes(ScalarKind query_kind, CacheKind cache_kind, int head_size) {
-  size_t bytes = 0;
-#define JAX_PAGED_GROUPED_SMEM_(QELEM, CELEM, H) \
-  if (head_size == H) bytes = GroupedConfig<QELEM, CELEM, H>::kSmemBytes;
-  if (cache_kind != CacheKind::kSameAsQuery) {
-    if (query_kind == ScalarKind::kF32) return 0;  // fp8 caches need a 16-bit query
-    JAX_PAGED_FP8_HEAD_SIZES_A(JAX_PAGED_GROUPED_SMEM_, 2, 1)
-    JAX_PAGED_FP8_HEAD_SIZES_B(JAX_PAGED_GROUPED_SMEM_, 2, 1)
-  } else if (query_kind == ScalarKind::kF32) {
-    JAX_PAGED_HEAD_SIZES(JAX_PAGED_GROUPED_SMEM_, 4, 4)
-  } else {
-    JAX_PAGED_HEAD_SIZES(JAX_PAGED_GROUPED_SMEM_, 2, 2)
+GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size) {
+  GroupedKernelInfo info;
+#define JAX_PAGED_GROUPED_INFO_(QELEM, CELEM, H)                 \
+  if (head_size == H) {                                           \
+    info.smem_bytes = GroupedConfig<QELEM, CELEM, H>::kSmemBytes; \
+    info.ctas_per_sm = GroupedConfig<QELEM, CELEM, H>::kCtasPerSm; \
   }
-#undef JAX_PAGED_GROUPED_SMEM_
-  return bytes;
+  if (cache_kind != CacheKind::kSameAsQuery) {
+    if (query_kind == ScalarKind::kF32) return info;  // fp8 caches need a 16-bit query
+    JAX_PAGED_FP8_HEAD_SIZES_A(JAX_PAGED_GROUPED_INFO_, 2, 1)
+    JAX_PAGED_FP8_HEAD_SIZES_B(JAX_PAGED_GROUPED_INFO_, 2, 1)
+  } else if (query_kind == ScalarKind::kF32) {
+    JAX_PAGED_HEAD_SIZES(JAX_PAGED_GROUPED_INFO_, 4, 4)
+  } else {
+    JAX_PAGED_HEAD_SIZES(JAX_PAGED_GROUPED_INFO_, 2, 2)
+  }
+#undef JAX_PAGED_GROUPED_INFO_
+  return info;
 }
 
 }  // namespace grouped
@@ -70,7 +73,7 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
   if (major > 0 && major < 9)
     return ArgError(std::string(op) + ": the grouped kernel needs compute capability 9.0 "
                     "(Hopper) or newer (bulk copies); use impl=\"v2\" on this GPU");
-  const size_t smem = cuda::grouped::GroupedSmemBytes(kind, p.cache_kind, p.head_size);
+  const size_t smem = cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size).smem_bytes;
   const int optin = cuda::MaxSharedMemoryOptin(device);
   if (optin > 0 && smem > static_cast<size_t>(optin))
     return ArgError(std::string(op) + ": needs " + std::to_string(smem) +
@@ -100,6 +103,14 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
 
 }  // namespace
 }  // namespace jax_paged
+
+int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size) {
+  using jax_paged::CacheKind;
+  using jax_paged::ScalarKind;
+  const ScalarKind query_kind = query_itemsize == 4 ? ScalarKind::kF32 : ScalarKind::kBF16;
+  const CacheKind cache_kind = cache_itemsize == 1 ? CacheKind::kFp8E4M3 : CacheKind::kSameAsQuery;
+  return jax_paged::cuda::grouped::GroupedInfo(query_kind, cache_kind, head_size).ctas_per_sm;
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda,
                               jax_paged::cuda::PartitionedAttention<jax_paged::RunGroupedAttention>,

@@ -33,3 +33,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedAttentionV2Cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedReshapeAndCacheCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedCopyBlocksCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda);
+
+// CUDA only: CTAs of the grouped kernel resident per SM for a query /
+// cache element size (bytes; 1 = fp8) and head size, 0 if unsupported.
+// The Python partition rule sizes its split with it.
+int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size);

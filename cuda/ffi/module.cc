@@ -35,4 +35,8 @@ NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
 #endif
     return d;
   });
+#ifdef JAX_PAGED_MODULE_CUDA
+  m.def("grouped_ctas_per_sm", &JaxPagedGroupedCtasPerSm, nb::arg("query_itemsize"),
+        nb::arg("cache_itemsize"), nb::arg("head_size"));
+#endif
 }

@@ -175,18 +175,20 @@ __device__ __forceinline__ float Dot4(const float4& a, const float4& b, float ac
   return fmaf(a.w, b.w, acc);
 }
 
-// Two fp8 values (lo byte = lower index) widened to a packed pair of T
-// (f16 or bf16): exact, every e4m3 / e5m2 value is representable in both.
-template <typename T, typename TC>
-__device__ __forceinline__ uint32_t Fp8PairTo(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), Fp8Traits<TC>::kInterp);
-  if constexpr (std::is_same_v<T, __half>) {
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// Bytes 2*kPair, 2*kPair + 1 of four fp8 values widened to a packed f16
+// pair (lower byte in the low half), exactly: every e4m3 / e5m2 value is an
+// f16 value. e5m2 is the top byte of an f16 (one byte permute); e4m3 takes
+// one hardware conversion. (Widening to bf16 for bf16 queries took four
+// conversions per pair, fp8 -> f16 -> 2 x f32 -> bf16, and bound the fp8
+// path at ~50% of the bytes' bandwidth at 16 conversions / clock / SM.)
+template <typename TC, int kPair>
+__device__ __forceinline__ uint32_t Fp8PairToHalf2(uint32_t four) {
+  if constexpr (std::is_same_v<TC, __nv_fp8_e5m2>) {
+    return __byte_perm(four, 0u, kPair == 0 ? 0x1404u : 0x3424u);
   } else {
-    const float2 f = __half22float2(__half2(h));
-    const __nv_bfloat162 v = __float22bfloat162_rn(f);
-    return *reinterpret_cast<const uint32_t*>(&v);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>((four >> (16 * kPair)) & 0xFFFFu), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
   }
 }
 
@@ -207,8 +209,10 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t v, uint32_t bits) {
 // Row g attends tokens QueryRowRange(L, q_len, qi, sliding_window); the CTA
 // reads the blocks of the union of its rows' ranges (within its partition).
 //
-// fp8 caches: S = Q K^T and O += P V use the same mma with the fp8 values
-// widened to T in registers. Because both products sum over an index, the
+// fp8 caches: S = Q K^T and O += P V run the f16 mma, with the fp8 values
+// widened to f16 in registers (exact) and P rounded to f16; a bf16 query is
+// staged as f16 times a power of two (q_scale, divided out of the logits) so
+// that no value overflows f16. Because both products sum over an index, the
 // kernel is free to permute it: within each 16-dim chunk of K, lane tq loads
 // the 4 bytes of dims 4tq..4tq+3 (one 32-bit load) as the mma's k indices
 // 2tq, 2tq+1, 2tq+8, 2tq+9, and the query is staged in shared memory with the
@@ -220,7 +224,8 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t v, uint32_t bits) {
 // hot loop. (One kernel with both paths ran up to 9% slower on plain decode
 // on the H200, e.g. 32x32x32x2048 270 us against 255 us.)
 template <typename T, typename TC, int D, bool kPlain>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(
+    kThreads, (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
                            const bool direct_out) {
@@ -230,6 +235,8 @@ __global__ void __launch_bounds__(kThreads)
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   constexpr int kStages = C::kStages;
   constexpr bool kFp8 = C::kFp8;
+  // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
+  using TM = std::conditional_t<kFp8, __half, T>;
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -367,10 +374,14 @@ __global__ void __launch_bounds__(kThreads)
   AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
+  float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
   if constexpr (kFp8) {
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
     // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
     constexpr int kPairs = D / 2;
+    constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+    uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
+    float amax = 0.0f;
     for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {
       const int r = i / kPairs;
       const int lp = i - r * kPairs;
@@ -380,7 +391,35 @@ __global__ void __launch_bounds__(kThreads)
       if (r < rows)
         v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
                                                2 * src_pair);
-      *reinterpret_cast<uint32_t*>(q_s + r * C::kQStride + 2 * lp) = v;
+      if constexpr (kBf16) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+      q_pairs[(r * C::kQStride) / 2 + lp] = v;
+    }
+    if constexpr (kBf16) {
+      // bf16 -> f16 with a power-of-two scale that puts the CTA's largest
+      // |q| in [2^14, 2^15): exact for every value down to 2^-28 of it
+      // (f16 has more mantissa than bf16); divided out of the logits. The
+      // scale is clamped to [2^-126, 2^64]; inf / NaN keep scale 1.
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (lane == 0) ml_s[warp] = amax;
+      __syncthreads();
+      amax = fmaxf(fmaxf(ml_s[0], ml_s[1]), fmaxf(ml_s[2], ml_s[3]));
+      if (amax > 0.0f && amax <= FLT_MAX) {
+        int e = 0;
+        (void)frexpf(amax, &e);  // amax < 2^e
+        q_scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
+      }
+      for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {  // this thread's own pairs
+        const int r = i / kPairs;
+        const int idx = (r * C::kQStride) / 2 + (i - r * kPairs);
+        const uint32_t v = q_pairs[idx];
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+        const __half2 h = __floats2half2_rn(f.x * q_scale, f.y * q_scale);
+        q_pairs[idx] = *reinterpret_cast<const uint32_t*>(&h);
+      }
     }
   } else {
     constexpr int kChunks = D / C::kQX;
@@ -410,7 +449,7 @@ __global__ void __launch_bounds__(kThreads)
   const float soft_cap = p.soft_cap;
   // Without a soft cap the logits are computed directly in log2 units; with
   // one, in natural units, capped, then converted.
-  const float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e);
+  const float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
   const float cap_inv = soft_cap > 0.0f ? 1.0f / soft_cap : 0.0f;
   const float cap2 = soft_cap * kLog2e;
   // This lane's two rows: ALiBi slope (units of qk_scale) and token range.
@@ -511,7 +550,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int nt = 0; nt < 2; ++nt) {
             const uint32_t raw =
                 *reinterpret_cast<const uint32_t*>(kptr + k8_off[nt] + ks * 16 * BS);
-            Mma16816<T>(s[nt], a, Fp8PairTo<T, TC>(raw), Fp8PairTo<T, TC>(raw >> 16));
+            Mma16816<TM>(s[nt], a, Fp8PairToHalf2<TC, 0>(raw), Fp8PairToHalf2<TC, 1>(raw));
           }
         }
       } else if constexpr (C::kMma) {
@@ -520,15 +559,15 @@ __global__ void __launch_bounds__(kThreads)
           uint32_t a[4], b[4];
           Ldsm4(a, q_addr + ks * 32);
           Ldsm4(b, kbase + k_off + ks * 32 * BS);
-          Mma16816<T>(s[0], a, b[0], b[1]);
-          Mma16816<T>(s[1], a, b[2], b[3]);
+          Mma16816<TM>(s[0], a, b[0], b[1]);
+          Mma16816<TM>(s[1], a, b[2], b[3]);
         }
         if constexpr (D % 16 == 8) {
           uint32_t a[2], b[2];
           Ldsm2(a, q_addr + (D / 16) * 32);
           Ldsm2(b, kbase + k_tail_off);
-          Mma1688<T>(s[0], a, b[0]);
-          Mma1688<T>(s[1], a, b[1]);
+          Mma1688<TM>(s[0], a, b[0]);
+          Mma1688<TM>(s[1], a, b[1]);
         }
       } else {
         const float* qf = reinterpret_cast<const float*>(q_s);
@@ -609,10 +648,10 @@ __global__ void __launch_bounds__(kThreads)
         // softmax sum adds the unrounded fp32 values, so that lse (and the
         // split weights) are fp32-accurate, as in the classic kernels.
         uint32_t pa[4];
-        pa[0] = PackPair<T>(s[0][0], s[0][1]);
-        pa[1] = PackPair<T>(s[0][2], s[0][3]);
-        pa[2] = PackPair<T>(s[1][0], s[1][1]);
-        pa[3] = PackPair<T>(s[1][2], s[1][3]);
+        pa[0] = PackPair<TM>(s[0][0], s[0][1]);
+        pa[1] = PackPair<TM>(s[0][2], s[0][3]);
+        pa[2] = PackPair<TM>(s[1][0], s[1][1]);
+        pa[3] = PackPair<TM>(s[1][2], s[1][3]);
         l_run[0] += (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
         l_run[1] += (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
         const bool masked = smask != 0xFFFFu;
@@ -623,7 +662,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int n = 0; n < C::kNTiles; ++n) {
             uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v_off + n * 8 * BS);
             if (masked) raw = ByteMask(raw, bits);
-            Mma16816<T>(o[n], pa, Fp8PairTo<T, TC>(raw), Fp8PairTo<T, TC>(raw >> 16));
+            Mma16816<TM>(o[n], pa, Fp8PairToHalf2<TC, 0>(raw), Fp8PairToHalf2<TC, 1>(raw));
           }
         } else {
           // V fragment b0 holds tokens 2tq, 2tq+1; b1 tokens 2tq+8, 2tq+9.
@@ -641,8 +680,8 @@ __global__ void __launch_bounds__(kThreads)
               b[2] &= vm0;
               b[3] &= vm1;
             }
-            Mma16816<T>(o[2 * np], pa, b[0], b[1]);
-            Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
+            Mma16816<TM>(o[2 * np], pa, b[0], b[1]);
+            Mma16816<TM>(o[2 * np + 1], pa, b[2], b[3]);
           }
           if constexpr (C::kNTiles % 2 == 1) {
             uint32_t b[2];
@@ -651,7 +690,7 @@ __global__ void __launch_bounds__(kThreads)
               b[0] &= vm0;
               b[1] &= vm1;
             }
-            Mma16816<T>(o[C::kNTiles - 1], pa, b[0], b[1]);
+            Mma16816<TM>(o[C::kNTiles - 1], pa, b[0], b[1]);
           }
         }
       } else {

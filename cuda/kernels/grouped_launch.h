@@ -57,11 +57,17 @@ struct GroupedConfig {
   static_assert(kTile % kMaxBlockSize == 0, "a tile must hold whole pages");
   static constexpr int kTileElems = kTile * D;  // elements of K (or of V) in one stage
   static constexpr int kStageBytes = 2 * kTileElems * CELEM;
-  // ~100 KB of stages, 2..6 deep: every 16-bit head size then runs two CTAs
-  // per SM on Hopper (228 KB), which the Python partition rule assumes. (With
-  // a cap of 4, D=64 ran three CTAs per SM: 512 CTAs = 1.29 waves, 78% of copy
-  // bandwidth on the H200 against 98-103% for the two-per-SM head sizes.)
-  static constexpr int kStages = ClampInt(100 * 1024 / kStageBytes, 2, 6);
+  // Target of CTAs resident per SM on Hopper (228 KB of shared memory): four
+  // when a stage is at most 16 KB (head size 64 at 16 bits, fp8 caches up to
+  // head size 128), with ~48 KB of stages each; otherwise two, with ~100 KB
+  // each (f32 queries at large head sizes fit only one). Small
+  // stages leave a CTA little compute per byte, so more warps per SM hide
+  // its latencies (D=64 at two CTAs per SM: 77% of copy bandwidth on the
+  // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs
+  // per SM at D=64 made 512 CTAs 1.29 waves: 78%.)
+  static constexpr int kTargetCtasPerSm = kStageBytes <= 16 * 1024 ? 4 : 2;
+  static constexpr int kStages =
+      ClampInt((kTargetCtasPerSm == 4 ? 48 : 100) * 1024 / kStageBytes, 2, 6);
   // Query rows in shared memory, padded so that ldmatrix rows (16-bit path)
   // or float4 rows (f32 path) fall in different banks.
   static constexpr int kQStride = kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4;  // elements
@@ -75,18 +81,27 @@ struct GroupedConfig {
   // The final cross-slice combine reuses the stage buffers:
   // [kSlices][kMaxRows][D] float.
   static_assert(kSlices * kMaxRows * D * 4 <= kStages * kStageBytes, "combine buffer");
+  // Resident CTAs per SM (1 KB of shared memory reserved per CTA): the
+  // kernel's minimum-blocks bound, and what the Python partition rule
+  // sizes its split with (grouped_ctas_per_sm).
+  static constexpr int kCtasPerSm =
+      ClampInt(228 * 1024 / (kSmemBytes + 1024), 1, kTargetCtasPerSm);
 };
 
-// Dynamic shared memory of one CTA (0 for an unsupported head size or
-// query / cache combination).
-size_t GroupedSmemBytes(ScalarKind query_kind, CacheKind cache_kind, int head_size);
+// Dynamic shared memory of one CTA and CTAs per SM (GroupedConfig), both 0
+// for an unsupported head size or query / cache combination.
+struct GroupedKernelInfo {
+  size_t smem_bytes = 0;
+  int ctas_per_sm = 0;
+};
+GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size);
 
 // Launches the grouped kernel over the V2 workspace of `p` and, when
 // p.max_num_partitions > 1, the V2 reduce kernel (paged_attention.cuh);
 // with a single partition the kernel writes p.out (and p.lse) directly. T:
 // query / output type, TC: cache type (T, or an fp8 type with a 16-bit T).
 // The caller has checked shapes, block size (8, 16 or 32), alignment, the
-// device (sm_90+) and that GroupedSmemBytes fits. Returns cudaGetLastError().
+// device (sm_90+) and that GroupedInfo().smem_bytes fits. Returns cudaGetLastError().
 template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device, cudaStream_t stream);
 

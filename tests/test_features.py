@@ -424,6 +424,20 @@ def test_fp8_with_every_feature(platform):
                 partition_size=128)
 
 
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("magnitude", [1e6, 1e-6])
+def test_fp8_bf16_query_outside_the_f16_range(platform, cache_dtype, magnitude):
+    """The grouped CUDA kernel runs fp8 caches on the f16 tensor cores and
+    stages a bf16 query as f16 times a power of two: queries far above f16's
+    range (65504) or deep in its subnormals still give the reference's
+    result (the softmax scale compensates, so the logits are ordinary)."""
+    rng = np.random.default_rng(34)
+    inp = make_inputs(rng, [1, 37, 600], 8, 2, 64, 16, cache_dtype, query_dtype=jnp.bfloat16)
+    inp.query = (inp.query.astype(np.float32) * magnitude).astype(jnp.bfloat16)
+    for impl in IMPLS:
+        compare(platform, inp, impl, scale=0.125 / magnitude)
+
 @pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3fn", "e5m2"])
 @pytest.mark.parametrize("key_dtype", [np.float32, jnp.bfloat16])
 @pytest.mark.parametrize("scale_kind", [None, "scalar", "per_head"])

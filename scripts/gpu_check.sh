@@ -7,19 +7,24 @@
 # when any stage that ran failed):
 #   1. install   python3 -m pip install --no-build-isolation --no-deps -e .   (builds the CUDA module)
 #   2. env       GPU name (nvidia-smi), jax version, jax.devices(), nvcc, jax_paged CUDA kernels
-#   3. tests     python3 -m pytest -q -k gpu tests   (the GPU cases; CPU cases run in CI)
+#   3. tests     python3 -m pytest -q -k gpu tests   (the GPU cases; CPU cases run in CI), as
+#                TEST_JOBS concurrent shards (scripts/sharded_pytest.py; the suite is
+#                compile-bound: 7 min serially on the H200)
 #   4. sanitizer compute-sanitizer --tool memcheck over scripts/sanitizer_case.py
 #   5. bench     benchmarks/bench_paged_attention.py (JSON + PNG)
 #   6. summary   printed last, also written to summary.txt
 #
 # Environment:
 #   OUT              where logs and results go (the device tool sets it; default ./out/gpu_check).
-#                    Files written there (7, flat): install.log tests.log sanitizer.log
-#                    bench.log bench.json bench.png summary.txt
+#                    Files written there (flat): install.log tests.log sanitizer.log
+#                    bench.log bench.json bench.png summary.txt (the test shards' own logs go
+#                    to out/test_shards/; tests.log has the end of any failed shard's log)
 #   PYTHON           interpreter (default python3)
 #   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
 #   BENCH_ARGS       extra benchmark arguments, e.g. BENCH_ARGS="--config 16,40,8,4096 --reps 9"
 #   PYTEST_ARGS      default "-q -k gpu" (the GPU cases; the CPU cases run in CI)
+#   TEST_JOBS        concurrent pytest processes for the tests stage (default 4; 1 = one
+#                    plain pytest run)
 #   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":
 #                    XLA's own probing calls return CUDA errors by design; a failed launch
 #                    of ours surfaces as a Python exception and fails the case anyway)
@@ -117,8 +122,14 @@ EOF
 if [ "${SKIP_TESTS:-0}" = 1 ]; then
   skip_stage tests SKIP_TESTS=1
 else
-  # shellcheck disable=SC2086
-  run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" -m pytest ${PYTEST_ARGS:--q -k gpu} tests
+  if [ "${TEST_JOBS:-4}" -gt 1 ]; then
+    # shellcheck disable=SC2086
+    run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" scripts/sharded_pytest.py \
+      --jobs "${TEST_JOBS:-4}" --log-dir "$ROOT/out/test_shards" -- ${PYTEST_ARGS:--q -k gpu} tests
+  else
+    # shellcheck disable=SC2086
+    run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" -m pytest ${PYTEST_ARGS:--q -k gpu} tests
+  fi
   DETAIL[tests]=$(grep -E "[0-9]+ (passed|failed|errors?|skipped)|no tests ran" "$OUTDIR/tests.log" | tail -n 1 | sed 's/=//g; s/^ *//')
   [ -z "${DETAIL[tests]}" ] && DETAIL[tests]="no pytest summary line; last: $(tail -n 1 "$OUTDIR/tests.log" | cut -c1-100)"
 fi

@@ -131,8 +131,9 @@ def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
 
 def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
     """CTAs of the CUDA grouped kernel resident per SM for this call's dtypes
-    and head size, from the CUDA module (the kernel's own configuration: 4
-    when a pipeline stage is at most 16 KiB, else 2); 2 without the module."""
+    and head size, from the CUDA module (the kernel's own configuration:
+    up to 4 when a pipeline stage is at most 16 KiB, else up to 2, fewer
+    where the shared memory does not fit them); 2 without the module."""
     module = _native.cuda_module
     cache_itemsize = (np.dtype(dims.cache_dtype).itemsize if dims.cache_dtype is not None
                       else np.dtype(query_dtype).itemsize)

@@ -24,13 +24,11 @@ import jax.numpy as jnp
 import jax_paged as jp
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="1,32,8,32768", help="B,Hq,Hkv,L[,head_size[,block_size]]")
-    ap.add_argument("--impls", default="grouped,v2", help="comma-separated impl names")
-    ap.add_argument("--copy", action="store_true", help="also one copy of the K+V bytes")
-    args = ap.parse_args()
-    parts = [int(v) for v in args.config.split(",")]
+def build_case(config: str):
+    """(query, key_cache, value_cache, block_tables, seq_lens) for
+    "B,Hq,Hkv,L[,head_size[,block_size]]": bf16, random N(0,1) data, every
+    sequence of length L, block tables a random permutation of the blocks."""
+    parts = [int(v) for v in config.split(",")]
     B, hq, hkv, L = parts[:4]
     D = parts[4] if len(parts) > 4 else 128
     bs = parts[5] if len(parts) > 5 else 16
@@ -40,13 +38,20 @@ def main() -> None:
     rng = np.random.default_rng(0)
     num_blocks = B * nblk
     tables = rng.permutation(num_blocks).reshape(B, nblk).astype(np.int32)
-    key = jax.random.key(0)
-    k1, k2, k3 = jax.random.split(key, 3)
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(k1, (B, hq, D), dtype)
     kc = jax.random.normal(k2, (num_blocks, hkv, D // x, bs, x), dtype)
     vc = jax.random.normal(k3, (num_blocks, hkv, D, bs), dtype)
-    bt = jnp.asarray(tables)
-    sl = jnp.full((B,), L, jnp.int32)
+    return q, kc, vc, jnp.asarray(tables), jnp.full((B,), L, jnp.int32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="1,32,8,32768", help="B,Hq,Hkv,L[,head_size[,block_size]]")
+    ap.add_argument("--impls", default="grouped,v2", help="comma-separated impl names")
+    ap.add_argument("--copy", action="store_true", help="also one copy of the K+V bytes")
+    args = ap.parse_args()
+    q, kc, vc, bt, sl = build_case(args.config)
     for impl in args.impls.split(","):
         f = jax.jit(lambda q, kc, vc, bt, sl, impl=impl: jp.paged_attention(q, kc, vc, bt, sl, impl=impl))
         jax.block_until_ready(f(q, kc, vc, bt, sl))

@@ -10,6 +10,7 @@
 
 #include "xla_ffi.h"
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -53,8 +54,19 @@ namespace {
 
 using cuda::CudaError;
 
+#ifdef JAX_PAGED_TRACE
+// Development builds: the trace buffer every grouped launch writes into
+// (set from Python, scripts/trace_case.py; 0 = none).
+std::atomic<unsigned long long*> g_trace{nullptr};
+std::atomic<int> g_trace_capacity{0};
+#endif
+
 ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, ScalarKind kind) {
   constexpr const char* op = "paged_attention_grouped";
+#ifdef JAX_PAGED_TRACE
+  p.trace = g_trace.load();
+  p.trace_capacity = g_trace_capacity.load();
+#endif
   if (!cuda::IsSupportedHeadSize(p.head_size)) return cuda::UnsupportedHeadSize(p.head_size);
   if (!cuda::IsSupportedBlockSize(p.block_size)) return cuda::UnsupportedBlockSize(p.block_size);
   const bool fp8 = p.cache_kind != CacheKind::kSameAsQuery;
@@ -103,6 +115,13 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
 
 }  // namespace
 }  // namespace jax_paged
+
+#ifdef JAX_PAGED_TRACE
+void JaxPagedSetGroupedTrace(uintptr_t buffer, int capacity_ctas) {
+  jax_paged::g_trace.store(reinterpret_cast<unsigned long long*>(buffer));
+  jax_paged::g_trace_capacity.store(buffer != 0 ? capacity_ctas : 0);
+}
+#endif
 
 int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size) {
   using jax_paged::CacheKind;

@@ -38,3 +38,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda);
 // cache element size (bytes; 1 = fp8) and head size, 0 if unsupported.
 // The Python partition rule sizes its split with it.
 int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size);
+
+#ifdef JAX_PAGED_TRACE
+#include <cstdint>
+// Development builds only: device buffer of [capacity_ctas][8] uint64 that
+// every later grouped launch fills with per-CTA timestamps (0 = off).
+void JaxPagedSetGroupedTrace(uintptr_t buffer, int capacity_ctas);
+#endif

@@ -38,5 +38,8 @@ NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
 #ifdef JAX_PAGED_MODULE_CUDA
   m.def("grouped_ctas_per_sm", &JaxPagedGroupedCtasPerSm, nb::arg("query_itemsize"),
         nb::arg("cache_itemsize"), nb::arg("head_size"));
+#ifdef JAX_PAGED_TRACE
+  m.def("set_grouped_trace", &JaxPagedSetGroupedTrace, nb::arg("buffer"), nb::arg("capacity_ctas"));
+#endif
 #endif
 }

@@ -199,6 +199,24 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t v, uint32_t bits) {
   return v & m;
 }
 
+#ifdef JAX_PAGED_TRACE
+// Development builds only: per-CTA timeline for finding where a call's time
+// goes (scripts/trace_case.py). Row of CTA (x, y, z) = x + gridDim.x * (y +
+// gridDim.y * z): [entry, first stage arrived, last tile done, exit] in ns
+// of %globaltimer, then SM id, tiles, 0, 0.
+constexpr int kTraceWords = 8;
+__device__ __forceinline__ unsigned long long GlobalTimerNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned SmId() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+#endif
+
 // ---- the kernel -----------------------------------------------------------------
 // grid (num_kv_heads * group_chunks, num_seqs chunk, max_num_partitions),
 // kThreads threads, GroupedConfig::kSmemBytes of dynamic shared memory.
@@ -234,6 +252,10 @@ __global__ void __launch_bounds__(
 #else
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   constexpr int kStages = C::kStages;
+#ifdef JAX_PAGED_TRACE
+  const unsigned long long t_entry = GlobalTimerNs();
+  unsigned long long t_first = 0, t_loop_end = 0;
+#endif
   constexpr bool kFp8 = C::kFp8;
   // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
   using TM = std::conditional_t<kFp8, __half, T>;
@@ -523,6 +545,9 @@ __global__ void __launch_bounds__(
   uint32_t phase = 0;
   for (int k = 0; k < ntiles; ++k) {
     MbarWait(bar0 + 8 * stage, phase);
+#ifdef JAX_PAGED_TRACE
+    if (k == 0) t_first = GlobalTimerNs();
+#endif
     const uint32_t pages = mask_s[stage];
     const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
     const int tbase = tile_tok0 + slice_tok;  // this slice's first token
@@ -763,6 +788,9 @@ __global__ void __launch_bounds__(
     }
   }
 
+#ifdef JAX_PAGED_TRACE
+  t_loop_end = GlobalTimerNs();
+#endif
   // ---- merge the slices (exact rescaling), normalise, write ---------------------------
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -819,6 +847,21 @@ __global__ void __launch_bounds__(
       }
     }
   }
+#ifdef JAX_PAGED_TRACE
+  __syncthreads();  // every output of the CTA written
+  const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *
+                                       (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+  if (tid == 0 && p.trace != nullptr && cta < p.trace_capacity) {
+    unsigned long long* row = p.trace + cta * kTraceWords;
+    row[0] = t_entry;
+    row[1] = t_first;
+    row[2] = t_loop_end;
+    row[3] = GlobalTimerNs();
+    row[4] = SmId();
+    row[5] = static_cast<unsigned long long>(ntiles);
+    row[6] = row[7] = 0ull;
+  }
+#endif
 #endif  // JAX_PAGED_GROUPED_SM90
 }
 

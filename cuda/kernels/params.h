@@ -82,6 +82,13 @@ struct PagedAttentionParams {
   // dtype of query/out, and of the caches relative to it.
   ScalarKind query_kind = ScalarKind::kF32;
   CacheKind cache_kind = CacheKind::kSameAsQuery;
+#ifdef JAX_PAGED_TRACE
+  // Development builds only (CMake -DJAX_PAGED_TRACE=ON): per-CTA timestamps
+  // of the grouped kernel, [trace_capacity][kTraceWords] uint64 (see
+  // grouped_attention.cuh); CTAs past trace_capacity write nothing.
+  unsigned long long* trace = nullptr;
+  int trace_capacity = 0;
+#endif
 };
 
 struct ReshapeAndCacheParams {

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Per-CTA timeline of grouped-kernel calls (development builds only).
+
+Where does a call's time go beyond bytes / bandwidth (at B=1, L=32768 about
+8 us of a 40 us kernel)? The grouped kernel, built with tracing, stamps each
+CTA's entry, the arrival of its first pipeline stage, the end of its tile
+loop and its exit (%globaltimer, ns) plus its SM. This script runs one
+configuration a few times and prints, per call, the kernel's span (first
+entry to last exit) and the distribution over CTAs of each phase.
+
+    CMAKE_ARGS="-DJAX_PAGED_TRACE=ON" python3 -m pip install --no-build-isolation --no-deps -e .
+    python3 scripts/trace_case.py --config 1,32,8,32768
+    python3 -m pip install --no-build-isolation --no-deps -e .   # back to the normal build
+
+Command buffers are turned off (XLA_FLAGS) so that every call goes through
+the handler, which passes the current trace buffer to the kernel. The V2
+reduce, when the call has one, is not traced.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_gpu_enable_command_buffer=").strip()
+
+import numpy as np  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jax_paged as jp  # noqa: E402
+from jax_paged import _native  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_case import build_case  # noqa: E402
+
+WORDS = 8  # per CTA: entry, first stage, loop end, exit (ns), SM, tiles, 0, 0
+
+
+def pct(values: np.ndarray, qs=(0, 50, 90, 100)) -> str:
+    return " / ".join(f"{np.percentile(values, q) / 1e3:6.2f}" for q in qs)
+
+
+def trace_once(fn, args, capacity: int) -> np.ndarray:
+    """Runs fn(*args) once with a fresh zeroed trace buffer; rows of CTAs
+    that wrote (an empty partition's early exit writes nothing)."""
+    buf = jax.device_put(jnp.zeros((capacity * WORDS * 2,), jnp.uint32), jax.devices("gpu")[0])
+    jax.block_until_ready(buf)
+    _native.cuda_module.set_grouped_trace(buf.unsafe_buffer_pointer(), capacity)
+    try:
+        jax.block_until_ready(fn(*args))
+    finally:
+        _native.cuda_module.set_grouped_trace(0, 0)
+    rows = np.asarray(buf).view(np.uint64).reshape(capacity, WORDS)
+    return rows[rows[:, 0] != 0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="1,32,8,32768", help="B,Hq,Hkv,L[,head_size[,block_size]]")
+    ap.add_argument("--calls", type=int, default=5, help="traced calls (after two untraced)")
+    ap.add_argument("--capacity", type=int, default=1 << 16, help="CTAs the buffer holds")
+    args = ap.parse_args()
+    module = _native.cuda_module
+    if module is None or not hasattr(module, "set_grouped_trace"):
+        print("trace_case: this build has no tracing; rebuild with "
+              'CMAKE_ARGS="-DJAX_PAGED_TRACE=ON" (see the docstring)')
+        return 2
+    case = build_case(args.config)
+    q, kc, vc, bt, sl = case
+    # K and V of the valid tokens: tokens x KV heads x head size x 2 x bytes.
+    kv_bytes = int(np.sum(np.asarray(sl))) * vc.shape[1] * vc.shape[2] * 2 * vc.dtype.itemsize
+    fn = jax.jit(lambda *a: jp.paged_attention(*a, impl="grouped"))
+    for _ in range(2):
+        jax.block_until_ready(fn(*case))
+    print(f"config {args.config}: K+V of the valid tokens {kv_bytes / 1e6:.1f} MB; "
+          f"per call, over CTAs, percentiles 0 / 50 / 90 / 100 in us")
+    for i in range(args.calls):
+        rows = trace_once(fn, case, args.capacity).astype(np.int64)
+        if len(rows) == 0:
+            print("no CTA wrote a trace row (command buffers on? impl not grouped?)")
+            return 1
+        entry, first, loop_end, exit_, sm, tiles = (rows[:, j] for j in range(6))
+        t0, t_end = entry.min(), exit_.max()
+        span = (t_end - t0) / 1e3
+        print(f"call {i}: {len(rows)} CTAs on {len(np.unique(sm))} SMs, span {span:.2f} us "
+              f"({kv_bytes / (span * 1e-6) / 1e12:.2f} TB/s), tiles/CTA {tiles.min()}-{tiles.max()}")
+        print(f"  entry after first entry   {pct(entry - t0)}")
+        print(f"  entry -> first stage      {pct(first - entry)}")
+        print(f"  first stage -> loop end   {pct(loop_end - first)}")
+        print(f"  loop end -> exit          {pct(exit_ - loop_end)}")
+        print(f"  exit before last exit     {pct(t_end - exit_)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -135,18 +135,18 @@ def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
     up to 4 when a pipeline stage is at most 16 KiB, else up to 2, fewer
     where the shared memory does not fit them); 2 without the module."""
     module = _native.cuda_module
-    cache_itemsize = (np.dtype(dims.cache_dtype).itemsize if dims.cache_dtype is not None
-                      else np.dtype(query_dtype).itemsize)
-    if module is None or not hasattr(module, "grouped_ctas_per_sm"):
+    if module is None:
         return 2
-    return module.grouped_ctas_per_sm(np.dtype(query_dtype).itemsize, cache_itemsize,
-                                      dims.head_size) or 2
+    query_itemsize = np.dtype(query_dtype).itemsize
+    cache_itemsize = (query_itemsize if dims.cache_dtype is None
+                      else np.dtype(dims.cache_dtype).itemsize)
+    return module.grouped_ctas_per_sm(query_itemsize, cache_itemsize, dims.head_size) or 2
 
 
 def grouped_supports(dims: _shapes.AttentionDims, query_dtype) -> bool:
     """Whether the CUDA grouped kernel takes the call: every feature, except
-    fp8 caches under a float32 query (it widens fp8 to the query's 16-bit
-    dtype for the tensor cores); impl="grouped" then runs classic V2."""
+    fp8 caches under a float32 query (its fp8 path runs the f16 tensor cores
+    and stages a 16-bit query); impl="grouped" then runs classic V2."""
     fp8 = dims.cache_dtype is not None and _shapes.is_fp8(dims.cache_dtype)
     return not (fp8 and jnp.dtype(query_dtype) == jnp.float32)
 
@@ -234,8 +234,8 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
             # Split-KV with all query rows of a KV head in one CTA: V2's
             # contract with a partition size sized to the machine. The CPU V2
             # kernel is already grouped, so only CUDA has a separate kernel.
-            ctas = grouped_ctas_per_sm(dims, query.dtype) if platform == "cuda" else 1
-            partition_size = grouped_partition_size(platform, dims, sliding_window, ctas)
+            partition_size = grouped_partition_size(platform, dims, sliding_window,
+                                                    grouped_ctas_per_sm(dims, query.dtype))
             if platform == "cuda":
                 target_v2 = "jax_paged_attention_grouped"
         # else: fp8 under a float32 query: classic V2 with the caller's

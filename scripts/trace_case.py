@@ -45,8 +45,7 @@ def pct(values: np.ndarray, qs=(0, 50, 90, 100)) -> str:
 def trace_once(fn, args, capacity: int) -> np.ndarray:
     """Runs fn(*args) once with a fresh zeroed trace buffer; rows of CTAs
     that wrote (an empty partition's early exit writes nothing)."""
-    buf = jax.device_put(jnp.zeros((capacity * WORDS * 2,), jnp.uint32), jax.devices("gpu")[0])
-    jax.block_until_ready(buf)
+    buf = jax.block_until_ready(jnp.zeros((capacity * WORDS * 2,), jnp.uint32))  # on the GPU
     _native.cuda_module.set_grouped_trace(buf.unsafe_buffer_pointer(), capacity)
     try:
         jax.block_until_ready(fn(*args))

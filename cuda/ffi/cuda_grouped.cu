@@ -4,8 +4,9 @@
 // BindAttentionOperands), a different kernel (kernels/grouped_attention.cuh).
 // Unpack + check (common.h), dtype dispatch (DispatchScalar, DispatchFp8:
 // fp8 caches with f16/bf16 queries), head-size dispatch (cuda_dispatch.cuh);
-// no allocation, no host synchronisation (command-buffer compatible). Compiles no kernel: the launchers are
-// instantiated in cuda_grouped_{f32,f16,bf16,fp8e4m3,fp8e5m2}.cu.
+// no allocation, no host synchronisation (command-buffer compatible).
+// Compiles no kernel: the launchers are instantiated in
+// cuda_grouped_{f32,f16,bf16,fp8e4m3,fp8e5m2}.cu.
 #include <cuda_runtime.h>
 
 #include "xla_ffi.h"

@@ -24,7 +24,7 @@
 //     softmax on the accumulator fragments (log2 domain, fp32), P rounded to
 //     the query dtype as the A operand of O += P V (ldmatrix of V rows, whose
 //     BS tokens are contiguous), the softmax sum over the unrounded P. fp32
-//     accumulation.
+//     accumulation. fp8 caches: the same in f16 (see below).
 //   * f32: the same fragment layout computed with fp32 FMAs (CUDA cores).
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.

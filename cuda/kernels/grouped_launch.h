@@ -36,8 +36,8 @@ constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 
 // QELEM: bytes of one query element (2 for f16/bf16 -> tensor cores, 4 for
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
-// caches, which need QELEM == 2: they are widened to the query's dtype in
-// registers, exactly). D: head size.
+// caches, which need QELEM == 2: they are widened to f16 in registers,
+// exactly, for the f16 tensor cores). D: head size.
 template <int QELEM, int CELEM, int D>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;

@@ -47,16 +47,22 @@ FAILED=0
 
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
 
-# run_stage NAME LOGFILE TIMEOUT_S CMD...  -> output to the terminal and LOGFILE
+# run_stage NAME LOGFILE TIMEOUT_S CMD...  -> output to LOGFILE, then to the terminal.
+# Not through a pipe: a process the timeout does not reach (compute-sanitizer's
+# target runs in its own process group) would hold the pipe open and hang the
+# script; processes still running the stage's script after it are killed.
 run_stage() {
   local name=$1 log=$2 tmo=$3
   shift 3
   STAGES+=("$name")
   echo
   echo "=== [$name] $(now): $*"
-  local t0=$SECONDS rc
-  timeout -k 15 "$tmo" "$@" 2>&1 | tee "$log"
-  rc=${PIPESTATUS[0]}
+  local t0=$SECONDS rc arg script=""
+  for arg in "$@"; do case $arg in *.py) script=$arg ;; esac; done
+  timeout -k 15 "$tmo" "$@" > "$log" 2>&1
+  rc=$?
+  [ -n "$script" ] && pkill -9 -f "$script" 2>/dev/null
+  cat "$log"
   SECONDS_TAKEN[$name]=$((SECONDS - t0))
   if [ "$rc" -eq 0 ]; then RESULT[$name]=ok; else RESULT[$name]="FAILED (exit $rc)"; FAILED=1; fi
   [ "$rc" -eq 124 ] && RESULT[$name]="FAILED (timed out after ${tmo}s)"

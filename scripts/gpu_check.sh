@@ -20,6 +20,7 @@
 #                    bench.log bench.json bench.png summary.txt (the test shards' own logs go
 #                    to out/test_shards/; tests.log has the end of any failed shard's log)
 #   PYTHON           interpreter (default python3)
+#   CMAKE_ARGS       for the install (default: the development options OFF, see the install stage)
 #   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
 #   BENCH_ARGS       extra benchmark arguments, e.g. BENCH_ARGS="--config 16,40,8,4096 --reps 9"
 #   PYTEST_ARGS      default "-q -k gpu" (the GPU cases; the CPU cases run in CI)
@@ -87,6 +88,9 @@ else
   STAGES+=(install)
   echo; echo "=== [install] $(now): $PY -m pip install --no-build-isolation --no-deps -e . -v"
   t0=$SECONDS
+  # The development options OFF explicitly: a warm machine's build directory keeps a cached
+  # option (e.g. a trace build's) until it is set again.
+  CMAKE_ARGS="${CMAKE_ARGS:--DJAX_PAGED_TRACE=OFF -DJAX_PAGED_FAST_EPILOGUE=OFF}" \
   timeout -k 15 "${INSTALL_TIMEOUT:-420}" "$PY" -m pip install --no-build-isolation --no-deps -e . -v \
     > "$OUTDIR/install.log" 2>&1
   rc=$?

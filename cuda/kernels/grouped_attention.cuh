@@ -805,7 +805,8 @@ __global__ void __launch_bounds__(
     }
   }
   __syncthreads();  // (the stages are free: every copy was consumed)
-  float* obuf = reinterpret_cast<float*>(smem);  // [kSlices][kMaxRows][D]
+  constexpr int kOS = C::kObufStride;  // D, or D + 8 with kFastEpilogue
+  float* obuf = reinterpret_cast<float*>(smem);  // [kSlices][kMaxRows][kOS]
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = gid + 8 * r;
@@ -813,23 +814,46 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + row) * 2]);
     const float f = exp2f(m_run[r] - m_all);
-    float* dst = obuf + (slice * kMaxRows + row) * D + dim0 + 2 * tq;
+    float* dst = obuf + (slice * kMaxRows + row) * kOS + dim0 + 2 * tq;
 #pragma unroll
     for (int n = 0; n < C::kNTiles; ++n)
       *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * r] * f, o[n][2 * r + 1] * f);
+  }
+  // kFastEpilogue: each row's max and sum over the slices, once (the same
+  // arithmetic as below), in the query's buffer, no longer read.
+  float* row_s = reinterpret_cast<float*>(q_s);  // [kMaxRows][2]
+  if constexpr (kFastEpilogue) {
+    if (tid < rows) {
+      float m_all = -FLT_MAX;
+#pragma unroll
+      for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + tid) * 2]);
+      float l_all = 0.0f;
+#pragma unroll
+      for (int sl = 0; sl < C::kSlices; ++sl)
+        l_all += ml_s[(sl * kMaxRows + tid) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + tid) * 2] - m_all);
+      row_s[2 * tid] = m_all;
+      row_s[2 * tid + 1] = l_all;
+    }
   }
   __syncthreads();
   for (int i = tid; i < rows * D; i += kThreads) {
     const int r = i / D;
     const int d = i - r * D;
     float m_all = -FLT_MAX;
-#pragma unroll
-    for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + r) * 2]);
     float l_all = 0.0f, acc = 0.0f;
+    if constexpr (kFastEpilogue) {
+      m_all = row_s[2 * r];
+      l_all = row_s[2 * r + 1];
 #pragma unroll
-    for (int sl = 0; sl < C::kSlices; ++sl) {
-      l_all += ml_s[(sl * kMaxRows + r) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + r) * 2] - m_all);
-      acc += obuf[(sl * kMaxRows + r) * D + d];
+      for (int sl = 0; sl < C::kSlices; ++sl) acc += obuf[(sl * kMaxRows + r) * kOS + d];
+    } else {
+#pragma unroll
+      for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + r) * 2]);
+#pragma unroll
+      for (int sl = 0; sl < C::kSlices; ++sl) {
+        l_all += ml_s[(sl * kMaxRows + r) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + r) * 2] - m_all);
+        acc += obuf[(sl * kMaxRows + r) * kOS + d];
+      }
     }
     const float val = v_scale * acc / (l_all + 1e-6f);
     const int64_t hrow = hrow_of(r);

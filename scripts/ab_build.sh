@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A/B of a CMake development option in one device call, from the repository root:
+#
+#     AB_CMAKE_ARGS="-DJAX_PAGED_FAST_EPILOGUE=ON" bash scripts/ab_build.sh
+#
+# Builds the default kernels (A: every -DNAME=... of AB_CMAKE_ARGS passed as -DNAME=OFF, since
+# CMake keeps a cached option until it is set again, so only ON/OFF options fit) and the
+# kernels with AB_CMAKE_ARGS (B); with each build
+# runs the GPU tests selected by AB_TESTS (B only by default: A is what gpu_check tests) and
+# the benchmark with AB_BENCH_ARGS; prints both benchmark summaries, B then A, each with
+# its own same-run copy bandwidth. Leaves the default build (A) installed.
+#
+# Environment: OUT (results: a.json b.json, logs; default ./out/ab), PYTHON (python3),
+#   AB_CMAKE_ARGS (required), AB_BENCH_ARGS (default: the B=1 and 8x8 issue-4 rows,
+#   no Pallas, no reference), AB_TESTS (default "-q -k 'gpu and grouped'"; empty: none),
+#   AB_TEST_A=1 to test build A too.
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+PY=${PYTHON:-python3}
+OUTDIR=${OUT:-$PWD/out/ab}
+mkdir -p "$OUTDIR"
+: "${AB_CMAKE_ARGS:?set AB_CMAKE_ARGS, e.g. -DJAX_PAGED_FAST_EPILOGUE=ON}"
+BENCH_ARGS=${AB_BENCH_ARGS:---no-defaults --config 1,32,8,32768 --config 8,32,8,8192 --no-pallas --no-reference}
+TESTS=${AB_TESTS-"-q -k 'gpu and grouped'"}
+A_CMAKE_ARGS=$(sed -E 's/-D([A-Za-z0-9_]+)=[^ ]*/-D\1=OFF/g' <<< "$AB_CMAKE_ARGS")
+export PYTHONUNBUFFERED=1
+FAILED=0
+
+install() {  # $1: label, $2: CMAKE_ARGS
+  echo "=== [$1] install (CMAKE_ARGS=\"$2\")"
+  if ! CMAKE_ARGS="$2" "$PY" -m pip install --no-build-isolation --no-deps -e . -v \
+      > "$OUTDIR/install_$1.log" 2>&1; then
+    tail -n 30 "$OUTDIR/install_$1.log"
+    return 1
+  fi
+}
+
+run_side() {  # $1: label (a or b), $2: CMAKE_ARGS, $3: run the tests (0/1)
+  install "$1" "$2" || { echo "=== [$1] install FAILED"; FAILED=1; return; }
+  if [ "$3" = 1 ] && [ -n "$TESTS" ]; then
+    echo "=== [$1] tests: pytest $TESTS tests"
+    eval "timeout -k 15 420 \"$PY\" -m pytest $TESTS tests" > "$OUTDIR/tests_$1.log" 2>&1 \
+      || FAILED=1
+    tail -n 3 "$OUTDIR/tests_$1.log"
+  fi
+  echo "=== [$1] bench $BENCH_ARGS"
+  # shellcheck disable=SC2086
+  timeout -k 15 420 "$PY" benchmarks/bench_paged_attention.py $BENCH_ARGS --no-progress \
+    --json "$OUTDIR/$1.json" --png "$OUTDIR/$1.png" > "$OUTDIR/bench_$1.log" 2>&1 || FAILED=1
+  sed -n '/^config .*kv MB/,$p' "$OUTDIR/bench_$1.log"
+}
+
+# B first, so that A, the default kernels, stays installed.
+run_side b "$AB_CMAKE_ARGS" 1
+run_side a "$A_CMAKE_ARGS" "${AB_TEST_A:-0}"
+echo
+echo "ab_build: A = $A_CMAKE_ARGS, B = $AB_CMAKE_ARGS; $([ "$FAILED" = 0 ] && echo "all steps ok" || echo "SOME STEPS FAILED")"
+exit "$FAILED"

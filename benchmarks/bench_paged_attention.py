@@ -257,7 +257,7 @@ def time_loop(step, carry0, sets, args) -> dict:
     # Passes over the sets per iteration: a loop iteration has a fixed cost
     # (about 6 us on the H200: ~3 us per call at 2 calls per iteration, B=1),
     # which belongs to no implementation.
-    unroll = max(1, -(-getattr(args, "min_calls_per_iter", 8) // n))
+    unroll = max(1, -(-args.min_calls_per_iter // n))
     n_calls = n * unroll
     target = args.target_ms * 1e-3
     R = 2

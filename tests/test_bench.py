@@ -8,7 +8,6 @@ import os
 import re
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,19 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "ben
 import bench_paged_attention as bench  # noqa: E402
 
 import jax_paged as jp  # noqa: E402
-
-
-def _inputs(num_seqs=4, num_heads=4, num_kv_heads=2, head_size=64, block_size=16, seq_len=256):
-    rng = np.random.default_rng(0)
-    x = 8  # 16 bytes of bf16
-    blocks = num_seqs * seq_len // block_size
-    tables = rng.permutation(blocks).reshape(num_seqs, -1).astype(np.int32)
-    q = jnp.asarray(rng.standard_normal((num_seqs, num_heads, head_size)), jnp.bfloat16)
-    kc = jnp.asarray(rng.standard_normal((blocks, num_kv_heads, head_size // x, block_size, x)),
-                     jnp.bfloat16)
-    vc = jnp.asarray(rng.standard_normal((blocks, num_kv_heads, head_size, block_size)),
-                     jnp.bfloat16)
-    return q, kc, vc, jnp.asarray(tables), jnp.full((num_seqs,), seq_len, jnp.int32)
+from paged_inputs import make_paged_inputs  # noqa: E402
 
 
 @pytest.mark.parametrize("n_sets,unroll", [(1, 8), (2, 4), (3, 1)])
@@ -50,7 +37,9 @@ def test_time_loop_reports_calls_per_iteration():
 
 
 def test_tie_to_query_keeps_the_tables_and_one_gather_pair_per_call():
-    q, kc, vc, bt, sl = _inputs()
+    inp = make_paged_inputs(np.random.default_rng(0), [256, 100, 17, 256], 4, 2, 64, 16,
+                            dtype=jnp.bfloat16)
+    q, kc, vc, bt, sl = (jnp.asarray(a) for a in inp.args())
     np.testing.assert_array_equal(np.asarray(bench.tie_to_query(q, bt)), np.asarray(bt))
     via_api, via_module = bench.reference_step(jp, 0.125)
     np.testing.assert_array_equal(

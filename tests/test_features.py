@@ -424,7 +424,6 @@ def test_fp8_with_every_feature(platform):
                 partition_size=128)
 
 
-
 @pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3fn", "e5m2"])
 @pytest.mark.parametrize("magnitude", [1e6, 1e-6])
 def test_fp8_bf16_query_outside_the_f16_range(platform, cache_dtype, magnitude):
@@ -437,6 +436,7 @@ def test_fp8_bf16_query_outside_the_f16_range(platform, cache_dtype, magnitude):
     inp.query = (inp.query.astype(np.float32) * magnitude).astype(jnp.bfloat16)
     for impl in IMPLS:
         compare(platform, inp, impl, scale=0.125 / magnitude)
+
 
 @pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3fn", "e5m2"])
 @pytest.mark.parametrize("key_dtype", [np.float32, jnp.bfloat16])

@@ -807,30 +807,34 @@ __global__ void __launch_bounds__(
   __syncthreads();  // (the stages are free: every copy was consumed)
   constexpr int kOS = C::kObufStride;  // D, or D + 8 with kFastEpilogue
   float* obuf = reinterpret_cast<float*>(smem);  // [kSlices][kMaxRows][kOS]
+  // Row r's max over the slices (log2 units) and its softmax sum given that max.
+  auto row_max = [&](int r) {
+    float m = -FLT_MAX;
+#pragma unroll
+    for (int sl = 0; sl < C::kSlices; ++sl) m = fmaxf(m, ml_s[(sl * kMaxRows + r) * 2]);
+    return m;
+  };
+  auto slice_sum = [&](int sl, int r, float m_all) {
+    return ml_s[(sl * kMaxRows + r) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + r) * 2] - m_all);
+  };
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = gid + 8 * r;
-    float m_all = -FLT_MAX;
-#pragma unroll
-    for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + row) * 2]);
-    const float f = exp2f(m_run[r] - m_all);
+    const float f = exp2f(m_run[r] - row_max(row));
     float* dst = obuf + (slice * kMaxRows + row) * kOS + dim0 + 2 * tq;
 #pragma unroll
     for (int n = 0; n < C::kNTiles; ++n)
       *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * r] * f, o[n][2 * r + 1] * f);
   }
-  // kFastEpilogue: each row's max and sum over the slices, once (the same
-  // arithmetic as below), in the query's buffer, no longer read.
+  // kFastEpilogue: each row's max and sum, once, in the query's buffer (no
+  // longer read) instead of once per output element below.
   float* row_s = reinterpret_cast<float*>(q_s);  // [kMaxRows][2]
   if constexpr (kFastEpilogue) {
     if (tid < rows) {
-      float m_all = -FLT_MAX;
-#pragma unroll
-      for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + tid) * 2]);
+      const float m_all = row_max(tid);
       float l_all = 0.0f;
 #pragma unroll
-      for (int sl = 0; sl < C::kSlices; ++sl)
-        l_all += ml_s[(sl * kMaxRows + tid) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + tid) * 2] - m_all);
+      for (int sl = 0; sl < C::kSlices; ++sl) l_all += slice_sum(sl, tid, m_all);
       row_s[2 * tid] = m_all;
       row_s[2 * tid + 1] = l_all;
     }
@@ -839,19 +843,17 @@ __global__ void __launch_bounds__(
   for (int i = tid; i < rows * D; i += kThreads) {
     const int r = i / D;
     const int d = i - r * D;
-    float m_all = -FLT_MAX;
-    float l_all = 0.0f, acc = 0.0f;
+    float m_all, l_all = 0.0f, acc = 0.0f;
     if constexpr (kFastEpilogue) {
       m_all = row_s[2 * r];
       l_all = row_s[2 * r + 1];
 #pragma unroll
       for (int sl = 0; sl < C::kSlices; ++sl) acc += obuf[(sl * kMaxRows + r) * kOS + d];
     } else {
-#pragma unroll
-      for (int sl = 0; sl < C::kSlices; ++sl) m_all = fmaxf(m_all, ml_s[(sl * kMaxRows + r) * 2]);
+      m_all = row_max(r);
 #pragma unroll
       for (int sl = 0; sl < C::kSlices; ++sl) {
-        l_all += ml_s[(sl * kMaxRows + r) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + r) * 2] - m_all);
+        l_all += slice_sum(sl, r, m_all);
         acc += obuf[(sl * kMaxRows + r) * kOS + d];
       }
     }

@@ -23,6 +23,9 @@
 #   CMAKE_ARGS       for the install (default: the development options OFF, see the install stage)
 #   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
 #   BENCH_ARGS       extra benchmark arguments, e.g. BENCH_ARGS="--config 16,40,8,4096 --reps 9"
+#   BENCH_ENVS       ';'-separated environment assignments: the bench stage runs once per
+#                    entry (stages bench_1, bench_2, ...; bench_<i>.json in OUT), e.g.
+#                    BENCH_ENVS="JAX_PAGED_PDL=reduce;JAX_PAGED_PDL=1"
 #   PYTEST_ARGS      default "-q -k gpu" (the GPU cases; the CPU cases run in CI)
 #   TEST_JOBS        concurrent pytest processes for the tests stage (default 4; 1 = one
 #                    plain pytest run)
@@ -191,6 +194,21 @@ fi
 # ---- 5. benchmark ----------------------------------------------------------
 if [ "${SKIP_BENCH:-0}" = 1 ]; then
   skip_stage bench SKIP_BENCH=1
+elif [ -n "${BENCH_ENVS:-}" ]; then
+  # One run per environment (A/B of runtime switches, each with its own copy bandwidth):
+  # bench_<i>.json in OUT, logs in out/bench_envs/ (the device tool returns few files).
+  mkdir -p "$ROOT/out/bench_envs"
+  i=0
+  IFS=';' read -ra ENV_LIST <<< "$BENCH_ENVS"
+  for assignments in "${ENV_LIST[@]}"; do
+    i=$((i + 1))
+    echo; echo "--- bench_$i environment: ${assignments:-(unchanged)}"
+    # shellcheck disable=SC2086
+    run_stage "bench_$i" "$ROOT/out/bench_envs/bench_$i.log" "${BENCH_TIMEOUT:-420}" \
+      env $assignments "$PY" -u benchmarks/bench_paged_attention.py --no-progress \
+      --json "$OUTDIR/bench_$i.json" --png "$ROOT/out/bench_envs/bench_$i.png" ${BENCH_ARGS:-}
+    DETAIL[bench_$i]="$assignments"
+  done
 else
   # shellcheck disable=SC2086
   run_stage bench "$OUTDIR/bench.log" "${BENCH_TIMEOUT:-420}" "$PY" -u benchmarks/bench_paged_attention.py \

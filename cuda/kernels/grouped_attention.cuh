@@ -287,6 +287,8 @@ __global__ void __launch_bounds__(
   const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
 
+  GridDependencyWait();  // the inputs may come from the kernel before us (PDL)
+
   // Warp 0 fetches the first stages' table entries before waiting for
   // seq_lens (independent loads; entries past the sequence are loaded but
   // never used). Right unless a sliding window moves the first block.
@@ -393,7 +395,7 @@ __global__ void __launch_bounds__(
     }
     if (kStages < ntiles) next_entry = load_entry(kStages);
   }
-  AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
+  AllowDependentLaunch();  // the next grid (the reduce, if any) may be scheduled; it waits for us
 
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
   float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
@@ -928,13 +930,17 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const int group_chunks = (rows + kMaxRows - 1) / kMaxRows;
   const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
-  const bool pdl = UseProgrammaticLaunch(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
-             C::kSmemBytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
+    if (cudaError_t err = LaunchKernel(
+            kernel, dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), dim3(kThreads),
+            C::kSmemBytes, stream, PdlForAttention(device), p, base, group_chunks, rows_per_cta,
+            direct_out);
+        err != cudaSuccess)
+      return err;
     if (!direct_out) {
-      if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
+      if (cudaError_t err = LaunchReduce<T>(p, base, n, PdlForReduce(device), stream);
+          err != cudaSuccess)
         return err;
     }
   }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "params.h"
 
@@ -84,15 +85,44 @@ inline int ComputeCapabilityMajor(int device) {
   return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(device);
 }
 
-// Whether the V2 reduce is launched as a programmatic dependent of the
-// attention kernel (sm_90+; it then starts while that kernel drains). The
-// environment variable JAX_PAGED_PDL=0 turns it off (read once).
-inline bool UseProgrammaticLaunch(int device) {
-  static const bool enabled = [] {
+// Programmatic dependent launch (PDL, sm_90+): a kernel launched this way
+// may be scheduled while the kernel before it on the stream drains, and waits
+// in GridDependencyWait() (paged_attention.cuh) before touching global memory.
+// The environment variable JAX_PAGED_PDL (read once) picks which of our
+// launches use it: unset or any other value, all attention and reduce kernels;
+// "reduce", only the V2 reduce (the behaviour before 2026-11-30's fifth
+// session, kept for A/B runs); "0", none.
+enum class PdlMode { kOff, kReduceOnly, kAll };
+
+inline PdlMode ProgrammaticLaunchMode(int device) {
+  static const PdlMode requested = [] {
     const char* v = std::getenv("JAX_PAGED_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
+    if (v != nullptr && std::strcmp(v, "0") == 0) return PdlMode::kOff;
+    if (v != nullptr && std::strcmp(v, "reduce") == 0) return PdlMode::kReduceOnly;
+    return PdlMode::kAll;
   }();
-  return enabled && ComputeCapabilityMajor(device) >= 9;
+  return ComputeCapabilityMajor(device) >= 9 ? requested : PdlMode::kOff;
+}
+// Whether the V2 reduce / the attention kernels are launched with PDL.
+inline bool PdlForReduce(int device) { return ProgrammaticLaunchMode(device) != PdlMode::kOff; }
+inline bool PdlForAttention(int device) { return ProgrammaticLaunchMode(device) == PdlMode::kAll; }
+
+// Launches kernel<<<grid, block, smem_bytes, stream>>>(args...), as a
+// programmatic dependent launch when `pdl`. Returns the launch status.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                         cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl ? attr : nullptr;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // V1 (v2 == false): grid (num_heads * q_len, num_seqs), writes p.out.

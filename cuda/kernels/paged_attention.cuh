@@ -144,15 +144,19 @@ __device__ __forceinline__ void StoreOut(const PagedAttentionParams& p, int64_t 
   }
 }
 
-// Programmatic dependent launch (sm_90+; no-ops elsewhere): the V2 reduce
-// is launched so that it may start before the attention kernel has finished.
+// Programmatic dependent launch (sm_90+; no-ops elsewhere, and when the
+// kernel was launched without it; see PdlForAttention in launch.h).
+// Waits until the grids before this one on the stream have finished and their
+// writes are visible: a kernel launched with PDL may already be running while
+// they drain, so it calls this before touching global memory that they may
+// write (inputs and outputs alike).
 __device__ __forceinline__ void GridDependencyWait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-// Lets the dependent grid (the reduce) launch: called by each attention CTA
-// once it no longer needs the SM to itself (no effect without PDL).
+// Lets the grid launched after this one with PDL be scheduled once every CTA
+// of this grid has called it or exited (it then waits in GridDependencyWait).
 __device__ __forceinline__ void AllowDependentLaunch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -188,6 +192,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int warp = tid / 32;
   const int lane = tid % 32;
 
+  GridDependencyWait();  // the inputs may come from the kernel before us
   const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BLOCK_SIZE);
   const TokenRange range = QueryRowRange(L, q_len, qi, p.sliding_window);
   // (seq, position, head) row of query / out / lse / workspace.
@@ -230,7 +235,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* red_smem = q_smem + HEAD_SIZE;               // [2 * kAttnWarps]
   float* logits = red_smem + 2 * kAttnWarps;          // [max(slots, warps * HEAD_SIZE)]
 
-  AllowDependentLaunch();  // V2's reduce may be scheduled; it waits for this grid
+  AllowDependentLaunch();  // the next grid (V2's reduce) may be scheduled; it waits for us
   // Stage the query once, in fp32.
   StageQuery<T, HEAD_SIZE>(p, row, q_smem, tid);
   __syncthreads();
@@ -373,23 +378,96 @@ __global__ void __launch_bounds__(kAttnThreads)
 }
 
 // V2 reduce: one CTA per (query head, query position, sequence), grid
-// (num_heads * q_len, sequences), head size at run time (at most 2 *
-// kAttnThreads). Reads only the partitions that overlap the row's range;
-// walks them in chunks of kAttnThreads weights kept in shared memory, so any
-// number of partitions works with fixed shared memory. T: the output dtype
-// (or RuntimeFloat).
+// (num_heads * q_len, sequences), head size at run time (at most
+// kMaxReduceRows * kAttnThreads), thread t owning output elements t and
+// t + kAttnThreads. Reads only the partitions that overlap the row's range.
+// Each thread merges them on its own, kReduceChunk partitions at a time with
+// a running maximum (acc and sum rescaled when it grows): all loads of a chunk
+// (every partition's max and sum, the thread's tmp_out elements) are issued
+// together, so 33 partitions cost three dependent trips to memory, with no
+// shared memory or barrier. T: the output dtype (or RuntimeFloat).
 //
 // Launched as a programmatic dependent of the attention kernel when the
 // device supports it (LaunchReduce): the CTAs may start before the attention
 // kernel has finished, so nothing written by it is read before
-// GridDependencyWait(). (A variant spreading the partitions over the CTA,
-// float4 per thread, measured 7.4 us against this one's 6.6 us under ncu on
-// the H200 at B=1 L=32768, 33 partitions: kept this one.)
+// GridDependencyWait(). seq_lens is read before: it was written (if by a
+// kernel at all) before the attention kernel, whose CTAs passed their own
+// GridDependencyWait() before letting this grid launch.
 constexpr int kMaxReduceRows = 2;  // head_size <= 2 * kAttnThreads
+constexpr int kReduceChunk = 16;   // partitions per round of loads (128 registers)
 
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionReduceKernel(const PagedAttentionParams p, const int seq_base) {
+  const int q_len = p.q_len;
+  const int head = static_cast<int>(blockIdx.x) / q_len;
+  const int qi = static_cast<int>(blockIdx.x) % q_len;
+  const int seq = seq_base + static_cast<int>(blockIdx.y);
+  const int tid = threadIdx.x;
+  const int D = p.head_size;
+  const int PS = p.partition_size;
+
+  const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, p.block_size);
+  const TokenRange range = QueryRowRange(L, q_len, qi, p.sliding_window);
+  const int first = range.start / PS;
+  const int last = range.end > range.start ? range.end / PS + (range.end % PS != 0) : first;
+  const int num_parts = last - first;
+  const int64_t row = (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + head;
+  const float* max_logits = p.max_logits + row * p.max_num_partitions + first;
+  const float* exp_sums = p.exp_sums + row * p.max_num_partitions + first;
+  const float* tmp_out = p.tmp_out + (row * p.max_num_partitions + first) * D;
+  AllowDependentLaunch();  // the next call's kernel may be scheduled; it waits for us
+  GridDependencyWait();
+
+  // out = sum_p w_p tmp_out_p / sum_p w_p, w_p = s_p exp(m_p - M), M the
+  // maximum of the m_p: accumulated against the running maximum m.
+  float m = -FLT_MAX;
+  float w_sum = 0.0f;
+  float acc[kMaxReduceRows] = {};
+  for (int c = 0; c < num_parts; c += kReduceChunk) {
+    float part_max[kReduceChunk], part_sum[kReduceChunk], part_out[kMaxReduceRows][kReduceChunk];
+#pragma unroll
+    for (int j = 0; j < kReduceChunk; ++j) {
+      const bool in = c + j < num_parts;
+      part_max[j] = in ? max_logits[c + j] : -FLT_MAX;
+      part_sum[j] = in ? exp_sums[c + j] : 0.0f;
+#pragma unroll
+      for (int r = 0; r < kMaxReduceRows; ++r) {
+        const int d = tid + r * kAttnThreads;
+        part_out[r][j] = in && d < D ? tmp_out[static_cast<int64_t>(c + j) * D + d] : 0.0f;
+      }
+    }
+    float m_new = m;
+#pragma unroll
+    for (int j = 0; j < kReduceChunk; ++j) m_new = fmaxf(m_new, part_max[j]);
+    const float rescale = expf(m - m_new);  // 1 while both are -FLT_MAX
+    w_sum *= rescale;
+#pragma unroll
+    for (int r = 0; r < kMaxReduceRows; ++r) acc[r] *= rescale;
+#pragma unroll
+    for (int j = 0; j < kReduceChunk; ++j) {
+      const float w = part_sum[j] * expf(part_max[j] - m_new);  // 0 for padding and empty parts
+      w_sum += w;
+#pragma unroll
+      for (int r = 0; r < kMaxReduceRows; ++r) acc[r] = fmaf(part_out[r][j], w, acc[r]);
+    }
+    m = m_new;
+  }
+  const float inv = 1.0f / (w_sum + 1e-6f);
+  if (tid == 0 && p.lse != nullptr) p.lse[row] = LogSumExp(m, w_sum);
+
+#pragma unroll
+  for (int r = 0; r < kMaxReduceRows; ++r) {
+    const int d = tid + r * kAttnThreads;
+    if (d < D) StoreOut<T>(p, row * D + d, acc[r] * inv);
+  }
+}
+
+// TEMPORARY (A/B of 2026-11-30, fifth session; JAX_PAGED_REDUCE=loop): the
+// reduce before the one above, merging with one global maximum computed first.
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads)
+    PagedAttentionReduceKernelLoop(const PagedAttentionParams p, const int seq_base) {
   __shared__ float w_smem[kAttnThreads];
   __shared__ float red_smem[2 * kAttnWarps];
   const int q_len = p.q_len;
@@ -412,6 +490,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const float* max_logits = p.max_logits + row * p.max_num_partitions + first;
   const float* exp_sums = p.exp_sums + row * p.max_num_partitions + first;
   const float* tmp_out = p.tmp_out + (row * p.max_num_partitions + first) * D;
+  AllowDependentLaunch();
   GridDependencyWait();
 
   // Global max M.
@@ -464,27 +543,18 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 // Launches the reduce over sequences [seq_base, seq_base + n) after the
 // attention kernel just launched on `stream`: as a programmatic dependent
-// launch (it may start while that kernel drains; see GridDependencyWait) on
-// devices that support it (sm_90+), a plain launch elsewhere.
+// launch (it may start while that kernel drains; see GridDependencyWait) when
+// `pdl` (PdlForReduce).
 template <typename T>
 cudaError_t LaunchReduce(const PagedAttentionParams& p, int seq_base, int n, bool pdl,
                          cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_heads) * static_cast<unsigned>(p.q_len), n);
-  if (!pdl) {
-    PagedAttentionReduceKernel<T><<<grid, kAttnThreads, 0, stream>>>(p, seq_base);
-    return cudaSuccess;
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kAttnThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, PagedAttentionReduceKernel<T>, p, seq_base);
+  static const bool loop = [] {
+    const char* v = std::getenv("JAX_PAGED_REDUCE");
+    return v != nullptr && std::strcmp(v, "loop") == 0;
+  }();
+  return LaunchKernel(loop ? PagedAttentionReduceKernelLoop<T> : PagedAttentionReduceKernel<T>,
+                      grid, dim3(kAttnThreads), 0, stream, pdl, p, seq_base);
 }
 
 // Raises the kernel's dynamic shared-memory limit to the device's opt-in
@@ -517,9 +587,13 @@ cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t 
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
     const unsigned rows = static_cast<unsigned>(p.num_heads) * static_cast<unsigned>(p.q_len);
-    kernel<<<dim3(rows, n, parts), kAttnThreads, smem_bytes, stream>>>(p, base, part_tokens, v2);
+    if (cudaError_t err = LaunchKernel(kernel, dim3(rows, n, parts), dim3(kAttnThreads),
+                                       smem_bytes, stream, PdlForAttention(device), p, base,
+                                       part_tokens, v2);
+        err != cudaSuccess)
+      return err;
     if (v2) {
-      if (cudaError_t err = LaunchReduce<T>(p, base, n, UseProgrammaticLaunch(device), stream);
+      if (cudaError_t err = LaunchReduce<T>(p, base, n, PdlForReduce(device), stream);
           err != cudaSuccess)
         return err;
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of a CMake development option in one device call, from the repository root:
 #
-#     AB_CMAKE_ARGS="-DJAX_PAGED_FAST_EPILOGUE=ON" bash scripts/ab_build.sh
+#     AB_CMAKE_ARGS="-DJAX_PAGED_SOME_OPTION=ON" bash scripts/ab_build.sh
 #
 # Builds the default kernels (A: every -DNAME=... of AB_CMAKE_ARGS passed as -DNAME=OFF, since
 # CMake keeps a cached option until it is set again, so only ON/OFF options fit) and the
@@ -20,7 +20,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 PY=${PYTHON:-python3}
 OUTDIR=${OUT:-$PWD/out/ab}
 mkdir -p "$OUTDIR"
-: "${AB_CMAKE_ARGS:?set AB_CMAKE_ARGS, e.g. -DJAX_PAGED_FAST_EPILOGUE=ON}"
+: "${AB_CMAKE_ARGS:?set AB_CMAKE_ARGS, e.g. -DJAX_PAGED_TRACE=ON}"
 BENCH_ARGS=${AB_BENCH_ARGS:---no-defaults --config 1,32,8,32768 --config 8,32,8,8192 --no-pallas --no-reference}
 TESTS=${AB_TESTS-"-q -k 'gpu and grouped'"}
 A_CMAKE_ARGS=$(sed -E 's/-D([A-Za-z0-9_]+)=[^ ]*/-D\1=OFF/g' <<< "$AB_CMAKE_ARGS")

@@ -87,6 +87,25 @@ def test_v1_equals_v2(platform, dtype):
     np.testing.assert_allclose(grouped, v1, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("head_size", [128, 256])
+@pytest.mark.parametrize("lens", [[0, 1, 17, 128], [0, 1, 128, 144, 257, 640, 656, 1293]],
+                         ids=["few_partitions", "many_partitions"])
+def test_v2_reduce_partition_counts(platform, head_size, lens):
+    """V2 with 16-token partitions, so the reduce merges 0 to 81 partitions per
+    row: at most 8 (its small-chunk kernels) and across its rounds of 16 (two
+    output elements per thread) and 40 partitions (one), output and LSE."""
+    rng = np.random.default_rng(11)
+    inp = make_paged_inputs(rng, lens, 4, 2, head_size, 16, np.float32)
+    out, lse = jax_paged.paged_attention(*on(platform, *inp.args()), impl="v2",
+                                         partition_size=16, return_lse=True)
+    expected, expected_lse = reference_on_cpu(reference.paged_attention, *inp.args(),
+                                              impl="v2", partition_size=16, return_lse=True)
+    assert_close(out, expected, np.float32, "v2 vs reference")
+    lse, expected_lse = np.asarray(lse), np.asarray(expected_lse)
+    assert np.all(lse[0] == -np.inf), "seq_len 0 must give lse = -inf"
+    np.testing.assert_allclose(lse[1:], expected_lse[1:], atol=2e-5, rtol=2e-5)
+
+
 def test_padding_never_read(platform):
     """Table entries past a sequence's last block hold garbage ids (huge and
     negative); the unused tail of each last block and all unused blocks are NaN."""

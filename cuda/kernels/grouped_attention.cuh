@@ -287,8 +287,6 @@ __global__ void __launch_bounds__(
   const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
 
-  GridDependencyWait();  // the inputs may come from the kernel before us (PDL)
-
   // Warp 0 fetches the first stages' table entries before waiting for
   // seq_lens (independent loads; entries past the sequence are loaded but
   // never used). Right unless a sliding window moves the first block.
@@ -395,7 +393,7 @@ __global__ void __launch_bounds__(
     }
     if (kStages < ntiles) next_entry = load_entry(kStages);
   }
-  AllowDependentLaunch();  // the next grid (the reduce, if any) may be scheduled; it waits for us
+  AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
   float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
@@ -807,17 +805,14 @@ __global__ void __launch_bounds__(
     }
   }
   __syncthreads();  // (the stages are free: every copy was consumed)
-  constexpr int kOS = C::kObufStride;  // D, or D + 8 with kFastEpilogue
+  constexpr int kOS = C::kObufStride;  // padded rows (see GroupedConfig)
   float* obuf = reinterpret_cast<float*>(smem);  // [kSlices][kMaxRows][kOS]
-  // Row r's max over the slices (log2 units) and its softmax sum given that max.
+  // Row r's max over the slices (log2 units).
   auto row_max = [&](int r) {
     float m = -FLT_MAX;
 #pragma unroll
     for (int sl = 0; sl < C::kSlices; ++sl) m = fmaxf(m, ml_s[(sl * kMaxRows + r) * 2]);
     return m;
-  };
-  auto slice_sum = [&](int sl, int r, float m_all) {
-    return ml_s[(sl * kMaxRows + r) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + r) * 2] - m_all);
   };
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -828,37 +823,27 @@ __global__ void __launch_bounds__(
     for (int n = 0; n < C::kNTiles; ++n)
       *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * r] * f, o[n][2 * r + 1] * f);
   }
-  // kFastEpilogue: each row's max and sum, once, in the query's buffer (no
-  // longer read) instead of once per output element below.
+  // Each row's max and softmax sum over the slices, once per row (not once
+  // per output element below), in the query's buffer (no longer read).
   float* row_s = reinterpret_cast<float*>(q_s);  // [kMaxRows][2]
-  if constexpr (kFastEpilogue) {
-    if (tid < rows) {
-      const float m_all = row_max(tid);
-      float l_all = 0.0f;
+  if (tid < rows) {
+    const float m_all = row_max(tid);
+    float l_all = 0.0f;
 #pragma unroll
-      for (int sl = 0; sl < C::kSlices; ++sl) l_all += slice_sum(sl, tid, m_all);
-      row_s[2 * tid] = m_all;
-      row_s[2 * tid + 1] = l_all;
-    }
+    for (int sl = 0; sl < C::kSlices; ++sl)
+      l_all += ml_s[(sl * kMaxRows + tid) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + tid) * 2] - m_all);
+    row_s[2 * tid] = m_all;
+    row_s[2 * tid + 1] = l_all;
   }
   __syncthreads();
   for (int i = tid; i < rows * D; i += kThreads) {
     const int r = i / D;
     const int d = i - r * D;
-    float m_all, l_all = 0.0f, acc = 0.0f;
-    if constexpr (kFastEpilogue) {
-      m_all = row_s[2 * r];
-      l_all = row_s[2 * r + 1];
+    const float m_all = row_s[2 * r];
+    const float l_all = row_s[2 * r + 1];
+    float acc = 0.0f;
 #pragma unroll
-      for (int sl = 0; sl < C::kSlices; ++sl) acc += obuf[(sl * kMaxRows + r) * kOS + d];
-    } else {
-      m_all = row_max(r);
-#pragma unroll
-      for (int sl = 0; sl < C::kSlices; ++sl) {
-        l_all += slice_sum(sl, r, m_all);
-        acc += obuf[(sl * kMaxRows + r) * kOS + d];
-      }
-    }
+    for (int sl = 0; sl < C::kSlices; ++sl) acc += obuf[(sl * kMaxRows + r) * kOS + d];
     const float val = v_scale * acc / (l_all + 1e-6f);
     const int64_t hrow = hrow_of(r);
     // m_all is in log2 units (the logits were scaled by log2(e)).
@@ -930,16 +915,13 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const int group_chunks = (rows + kMaxRows - 1) / kMaxRows;
   const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
+  const bool pdl = UseProgrammaticLaunch(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    if (cudaError_t err = LaunchKernel(
-            kernel, dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), dim3(kThreads),
-            C::kSmemBytes, stream, PdlForAttention(device), p, base, group_chunks, rows_per_cta,
-            direct_out);
-        err != cudaSuccess)
-      return err;
+    kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
+             C::kSmemBytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
     if (!direct_out) {
-      if (cudaError_t err = LaunchReduce<T>(p, base, n, PdlForReduce(device), stream);
+      if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream);
           err != cudaSuccess)
         return err;
     }

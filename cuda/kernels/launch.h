@@ -85,27 +85,18 @@ inline int ComputeCapabilityMajor(int device) {
   return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(device);
 }
 
-// Programmatic dependent launch (PDL, sm_90+): a kernel launched this way
-// may be scheduled while the kernel before it on the stream drains, and waits
-// in GridDependencyWait() (paged_attention.cuh) before touching global memory.
-// The environment variable JAX_PAGED_PDL (read once) picks which of our
-// launches use it: unset or any other value, all attention and reduce kernels;
-// "reduce", only the V2 reduce (the behaviour before 2026-11-30's fifth
-// session, kept for A/B runs); "0", none.
-enum class PdlMode { kOff, kReduceOnly, kAll };
-
-inline PdlMode ProgrammaticLaunchMode(int device) {
-  static const PdlMode requested = [] {
+// Whether the V2 reduce is launched as a programmatic dependent of the
+// attention kernel (PDL, sm_90+; it then starts while that kernel drains). The
+// environment variable JAX_PAGED_PDL=0 turns it off (read once). (The attention
+// kernels themselves launched with PDL measured no faster: 2026-11-30, fifth
+// session, BENCHMARKS.md.)
+inline bool UseProgrammaticLaunch(int device) {
+  static const bool enabled = [] {
     const char* v = std::getenv("JAX_PAGED_PDL");
-    if (v != nullptr && std::strcmp(v, "0") == 0) return PdlMode::kOff;
-    if (v != nullptr && std::strcmp(v, "reduce") == 0) return PdlMode::kReduceOnly;
-    return PdlMode::kAll;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }();
-  return ComputeCapabilityMajor(device) >= 9 ? requested : PdlMode::kOff;
+  return enabled && ComputeCapabilityMajor(device) >= 9;
 }
-// Whether the V2 reduce / the attention kernels are launched with PDL.
-inline bool PdlForReduce(int device) { return ProgrammaticLaunchMode(device) != PdlMode::kOff; }
-inline bool PdlForAttention(int device) { return ProgrammaticLaunchMode(device) == PdlMode::kAll; }
 
 // Launches kernel<<<grid, block, smem_bytes, stream>>>(args...), as a
 // programmatic dependent launch when `pdl`. Returns the launch status.

@@ -144,19 +144,15 @@ __device__ __forceinline__ void StoreOut(const PagedAttentionParams& p, int64_t 
   }
 }
 
-// Programmatic dependent launch (sm_90+; no-ops elsewhere, and when the
-// kernel was launched without it; see PdlForAttention in launch.h).
-// Waits until the grids before this one on the stream have finished and their
-// writes are visible: a kernel launched with PDL may already be running while
-// they drain, so it calls this before touching global memory that they may
-// write (inputs and outputs alike).
+// Programmatic dependent launch (sm_90+; no-ops elsewhere): the V2 reduce
+// is launched so that it may start before the attention kernel has finished.
 __device__ __forceinline__ void GridDependencyWait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-// Lets the grid launched after this one with PDL be scheduled once every CTA
-// of this grid has called it or exited (it then waits in GridDependencyWait).
+// Lets the dependent grid (the reduce) launch: called by each attention CTA
+// once it no longer needs the SM to itself (no effect without PDL).
 __device__ __forceinline__ void AllowDependentLaunch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -192,7 +188,6 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int warp = tid / 32;
   const int lane = tid % 32;
 
-  GridDependencyWait();  // the inputs may come from the kernel before us
   const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BLOCK_SIZE);
   const TokenRange range = QueryRowRange(L, q_len, qi, p.sliding_window);
   // (seq, position, head) row of query / out / lse / workspace.
@@ -235,7 +230,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* red_smem = q_smem + HEAD_SIZE;               // [2 * kAttnWarps]
   float* logits = red_smem + 2 * kAttnWarps;          // [max(slots, warps * HEAD_SIZE)]
 
-  AllowDependentLaunch();  // the next grid (V2's reduce) may be scheduled; it waits for us
+  AllowDependentLaunch();  // V2's reduce may be scheduled; it waits for this grid
   // Stage the query once, in fp32.
   StageQuery<T, HEAD_SIZE>(p, row, q_smem, tid);
   __syncthreads();
@@ -379,24 +374,26 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 // V2 reduce: one CTA per (query head, query position, sequence), grid
 // (num_heads * q_len, sequences), head size at run time (at most
-// kMaxReduceRows * kAttnThreads), thread t owning output elements t and
-// t + kAttnThreads. Reads only the partitions that overlap the row's range.
-// Each thread merges them on its own, kReduceChunk partitions at a time with
-// a running maximum (acc and sum rescaled when it grows): all loads of a chunk
-// (every partition's max and sum, the thread's tmp_out elements) are issued
-// together, so 33 partitions cost three dependent trips to memory, with no
-// shared memory or barrier. T: the output dtype (or RuntimeFloat).
+// kRows * kAttnThreads), thread t owning output elements t, t + kAttnThreads,
+// ... Reads only the partitions that overlap the row's range. Each thread
+// merges them on its own, kChunk partitions at a time with a running maximum
+// (acc and sum rescaled when it grows): all loads of a chunk (every
+// partition's max and sum, the thread's tmp_out elements) are issued together,
+// with no shared memory or barrier. At B=1 L=32768 (33 partitions) this
+// measured 42.5 us per call against 44.2 us for a reduce that first found the
+// global max, then merged 128-partition chunks through shared memory
+// (BENCHMARKS.md). T: the output dtype (or RuntimeFloat).
 //
 // Launched as a programmatic dependent of the attention kernel when the
 // device supports it (LaunchReduce): the CTAs may start before the attention
 // kernel has finished, so nothing written by it is read before
-// GridDependencyWait(). seq_lens is read before: it was written (if by a
-// kernel at all) before the attention kernel, whose CTAs passed their own
-// GridDependencyWait() before letting this grid launch.
+// GridDependencyWait().
 constexpr int kMaxReduceRows = 2;  // head_size <= 2 * kAttnThreads
-constexpr int kReduceChunk = 16;   // partitions per round of loads (128 registers)
 
-template <typename T>
+// kChunk: partitions per round of loads, (2 + kRows) * kChunk values in
+// registers (LaunchReduce picks a small chunk, and so more resident CTAs, when
+// every row has few partitions).
+template <typename T, int kRows, int kChunk>
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionReduceKernel(const PagedAttentionParams p, const int seq_base) {
   const int q_len = p.q_len;
@@ -404,79 +401,6 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int qi = static_cast<int>(blockIdx.x) % q_len;
   const int seq = seq_base + static_cast<int>(blockIdx.y);
   const int tid = threadIdx.x;
-  const int D = p.head_size;
-  const int PS = p.partition_size;
-
-  const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, p.block_size);
-  const TokenRange range = QueryRowRange(L, q_len, qi, p.sliding_window);
-  const int first = range.start / PS;
-  const int last = range.end > range.start ? range.end / PS + (range.end % PS != 0) : first;
-  const int num_parts = last - first;
-  const int64_t row = (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + head;
-  const float* max_logits = p.max_logits + row * p.max_num_partitions + first;
-  const float* exp_sums = p.exp_sums + row * p.max_num_partitions + first;
-  const float* tmp_out = p.tmp_out + (row * p.max_num_partitions + first) * D;
-  AllowDependentLaunch();  // the next call's kernel may be scheduled; it waits for us
-  GridDependencyWait();
-
-  // out = sum_p w_p tmp_out_p / sum_p w_p, w_p = s_p exp(m_p - M), M the
-  // maximum of the m_p: accumulated against the running maximum m.
-  float m = -FLT_MAX;
-  float w_sum = 0.0f;
-  float acc[kMaxReduceRows] = {};
-  for (int c = 0; c < num_parts; c += kReduceChunk) {
-    float part_max[kReduceChunk], part_sum[kReduceChunk], part_out[kMaxReduceRows][kReduceChunk];
-#pragma unroll
-    for (int j = 0; j < kReduceChunk; ++j) {
-      const bool in = c + j < num_parts;
-      part_max[j] = in ? max_logits[c + j] : -FLT_MAX;
-      part_sum[j] = in ? exp_sums[c + j] : 0.0f;
-#pragma unroll
-      for (int r = 0; r < kMaxReduceRows; ++r) {
-        const int d = tid + r * kAttnThreads;
-        part_out[r][j] = in && d < D ? tmp_out[static_cast<int64_t>(c + j) * D + d] : 0.0f;
-      }
-    }
-    float m_new = m;
-#pragma unroll
-    for (int j = 0; j < kReduceChunk; ++j) m_new = fmaxf(m_new, part_max[j]);
-    const float rescale = expf(m - m_new);  // 1 while both are -FLT_MAX
-    w_sum *= rescale;
-#pragma unroll
-    for (int r = 0; r < kMaxReduceRows; ++r) acc[r] *= rescale;
-#pragma unroll
-    for (int j = 0; j < kReduceChunk; ++j) {
-      const float w = part_sum[j] * expf(part_max[j] - m_new);  // 0 for padding and empty parts
-      w_sum += w;
-#pragma unroll
-      for (int r = 0; r < kMaxReduceRows; ++r) acc[r] = fmaf(part_out[r][j], w, acc[r]);
-    }
-    m = m_new;
-  }
-  const float inv = 1.0f / (w_sum + 1e-6f);
-  if (tid == 0 && p.lse != nullptr) p.lse[row] = LogSumExp(m, w_sum);
-
-#pragma unroll
-  for (int r = 0; r < kMaxReduceRows; ++r) {
-    const int d = tid + r * kAttnThreads;
-    if (d < D) StoreOut<T>(p, row * D + d, acc[r] * inv);
-  }
-}
-
-// TEMPORARY (A/B of 2026-11-30, fifth session; JAX_PAGED_REDUCE=loop): the
-// reduce before the one above, merging with one global maximum computed first.
-template <typename T>
-__global__ void __launch_bounds__(kAttnThreads)
-    PagedAttentionReduceKernelLoop(const PagedAttentionParams p, const int seq_base) {
-  __shared__ float w_smem[kAttnThreads];
-  __shared__ float red_smem[2 * kAttnWarps];
-  const int q_len = p.q_len;
-  const int head = static_cast<int>(blockIdx.x) / q_len;
-  const int qi = static_cast<int>(blockIdx.x) % q_len;
-  const int seq = seq_base + static_cast<int>(blockIdx.y);
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
   const int D = p.head_size;
   const int PS = p.partition_size;
 
@@ -490,52 +414,47 @@ __global__ void __launch_bounds__(kAttnThreads)
   const float* max_logits = p.max_logits + row * p.max_num_partitions + first;
   const float* exp_sums = p.exp_sums + row * p.max_num_partitions + first;
   const float* tmp_out = p.tmp_out + (row * p.max_num_partitions + first) * D;
-  AllowDependentLaunch();
   GridDependencyWait();
 
-  // Global max M.
+  // out = sum_p w_p tmp_out_p / sum_p w_p, w_p = s_p exp(m_p - M), M the
+  // maximum of the m_p: accumulated against the running maximum m.
   float m = -FLT_MAX;
-  for (int i = tid; i < num_parts; i += kAttnThreads) m = fmaxf(m, max_logits[i]);
-  m = WarpMax<32>(m);
-  if (lane == 0) red_smem[warp] = m;
-  __syncthreads();
-  m = red_smem[0];
-#pragma unroll
-  for (int w = 1; w < kAttnWarps; ++w) m = fmaxf(m, red_smem[w]);
-
-  // sum_p w_p tmp_out_p and sum_p w_p, w_p = s_p exp(m_p - M).
-  float acc[kMaxReduceRows] = {0.0f, 0.0f};
   float w_sum = 0.0f;
-  for (int c = 0; c < num_parts; c += kAttnThreads) {
-    float w = 0.0f;
-    if (c + tid < num_parts) w = exp_sums[c + tid] * expf(max_logits[c + tid] - m);
-    w_sum += w;
-    w_smem[tid] = w;
-    __syncthreads();
-    const int n = min(kAttnThreads, num_parts - c);
+  float acc[kRows] = {};
+  for (int c = 0; c < num_parts; c += kChunk) {
+    float part_max[kChunk], part_sum[kChunk], part_out[kRows][kChunk];
 #pragma unroll
-    for (int r = 0; r < kMaxReduceRows; ++r) {
-      const int d = tid + r * kAttnThreads;
-      if (d < D) {
-        const float* src = tmp_out + static_cast<int64_t>(c) * D + d;
-        float a = acc[r];
-        for (int j = 0; j < n; ++j) a = fmaf(src[static_cast<int64_t>(j) * D], w_smem[j], a);
-        acc[r] = a;
+    for (int j = 0; j < kChunk; ++j) {
+      const bool in = c + j < num_parts;
+      part_max[j] = in ? max_logits[c + j] : -FLT_MAX;
+      part_sum[j] = in ? exp_sums[c + j] : 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int d = tid + r * kAttnThreads;
+        part_out[r][j] = in && d < D ? tmp_out[static_cast<int64_t>(c + j) * D + d] : 0.0f;
       }
     }
-    __syncthreads();
-  }
-  w_sum = WarpSum<32>(w_sum);
-  if (lane == 0) red_smem[kAttnWarps + warp] = w_sum;
-  __syncthreads();
-  w_sum = red_smem[kAttnWarps];
+    float m_new = m;
 #pragma unroll
-  for (int w = 1; w < kAttnWarps; ++w) w_sum += red_smem[kAttnWarps + w];
+    for (int j = 0; j < kChunk; ++j) m_new = fmaxf(m_new, part_max[j]);
+    const float rescale = expf(m - m_new);  // 1 while both are -FLT_MAX
+    w_sum *= rescale;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] *= rescale;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      const float w = part_sum[j] * expf(part_max[j] - m_new);  // 0 for padding and empty parts
+      w_sum += w;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] = fmaf(part_out[r][j], w, acc[r]);
+    }
+    m = m_new;
+  }
   const float inv = 1.0f / (w_sum + 1e-6f);
   if (tid == 0 && p.lse != nullptr) p.lse[row] = LogSumExp(m, w_sum);
 
 #pragma unroll
-  for (int r = 0; r < kMaxReduceRows; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     const int d = tid + r * kAttnThreads;
     if (d < D) StoreOut<T>(p, row * D + d, acc[r] * inv);
   }
@@ -544,17 +463,21 @@ __global__ void __launch_bounds__(kAttnThreads)
 // Launches the reduce over sequences [seq_base, seq_base + n) after the
 // attention kernel just launched on `stream`: as a programmatic dependent
 // launch (it may start while that kernel drains; see GridDependencyWait) when
-// `pdl` (PdlForReduce).
+// `pdl` (UseProgrammaticLaunch).
 template <typename T>
 cudaError_t LaunchReduce(const PagedAttentionParams& p, int seq_base, int n, bool pdl,
                          cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_heads) * static_cast<unsigned>(p.q_len), n);
-  static const bool loop = [] {
-    const char* v = std::getenv("JAX_PAGED_REDUCE");
-    return v != nullptr && std::strcmp(v, "loop") == 0;
-  }();
-  return LaunchKernel(loop ? PagedAttentionReduceKernelLoop<T> : PagedAttentionReduceKernel<T>,
-                      grid, dim3(kAttnThreads), 0, stream, pdl, p, seq_base);
+  // One output element per thread (head size <= kAttnThreads) leaves the
+  // registers for 40 partitions per round of loads (255 registers), two for 16
+  // (128 registers); 8 partitions or fewer per row need fewer registers.
+  const bool one_row = p.head_size <= kAttnThreads;
+  const bool few_parts = p.max_num_partitions <= 8;
+  auto kernel = one_row ? (few_parts ? PagedAttentionReduceKernel<T, 1, 8>
+                                     : PagedAttentionReduceKernel<T, 1, 40>)
+                        : (few_parts ? PagedAttentionReduceKernel<T, kMaxReduceRows, 8>
+                                     : PagedAttentionReduceKernel<T, kMaxReduceRows, 16>);
+  return LaunchKernel(kernel, grid, dim3(kAttnThreads), 0, stream, pdl, p, seq_base);
 }
 
 // Raises the kernel's dynamic shared-memory limit to the device's opt-in
@@ -587,13 +510,9 @@ cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t 
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
     const unsigned rows = static_cast<unsigned>(p.num_heads) * static_cast<unsigned>(p.q_len);
-    if (cudaError_t err = LaunchKernel(kernel, dim3(rows, n, parts), dim3(kAttnThreads),
-                                       smem_bytes, stream, PdlForAttention(device), p, base,
-                                       part_tokens, v2);
-        err != cudaSuccess)
-      return err;
+    kernel<<<dim3(rows, n, parts), kAttnThreads, smem_bytes, stream>>>(p, base, part_tokens, v2);
     if (v2) {
-      if (cudaError_t err = LaunchReduce<T>(p, base, n, PdlForReduce(device), stream);
+      if (cudaError_t err = LaunchReduce<T>(p, base, n, UseProgrammaticLaunch(device), stream);
           err != cudaSuccess)
         return err;
     }

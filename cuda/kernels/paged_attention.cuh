@@ -379,10 +379,12 @@ __global__ void __launch_bounds__(kAttnThreads)
 // merges them on its own, kChunk partitions at a time with a running maximum
 // (acc and sum rescaled when it grows): all loads of a chunk (every
 // partition's max and sum, the thread's tmp_out elements) are issued together,
-// with no shared memory or barrier. At B=1 L=32768 (33 partitions) this
-// measured 42.5 us per call against 44.2 us for a reduce that first found the
-// global max, then merged 128-partition chunks through shared memory
-// (BENCHMARKS.md). T: the output dtype (or RuntimeFloat).
+// with no shared memory or barrier. At B=1 L=32768 (33 partitions, grouped
+// kernel) a call measured 44.2 us with a reduce that first found the global
+// max and then merged through shared memory (about five dependent trips), 42.5
+// us with this one at 16 partitions per round; after the grouped kernel's
+// epilogue change, 42.3-42.5 us at 16 and 41.4 us at 40 (BENCHMARKS.md, fifth
+// session). T: the output dtype (or RuntimeFloat).
 //
 // Launched as a programmatic dependent of the attention kernel when the
 // device supports it (LaunchReduce): the CTAs may start before the attention

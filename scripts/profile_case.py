@@ -11,6 +11,14 @@ dispatch overhead around them.
 
     ncu --clock-control none --metrics gpu__time_duration.sum python3 scripts/profile_case.py \
         --config 1,32,8,32768
+
+With `--kv bf16,fp8e4m3` each implementation also runs on an fp8 copy of the
+caches (random data in the x = 16 layout, per-tensor scales), e.g. to compare
+the grouped kernel's issue and pipe statistics on bf16 and fp8 caches:
+
+    ncu --clock-control none --kernel-name regex:GroupedAttentionKernel \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        python3 scripts/profile_case.py --config 64,32,8,4096 --impls grouped --kv bf16,fp8e4m3
 """
 from __future__ import annotations
 
@@ -45,18 +53,44 @@ def build_case(config: str):
     return q, kc, vc, jnp.asarray(tables), jnp.full((B,), L, jnp.int32)
 
 
+FP8 = {"fp8e4m3": jnp.float8_e4m3fn, "fp8e5m2": jnp.float8_e5m2}
+
+
+def fp8_case(case, kv: str):
+    """The case's caches as `kv` (fp8e4m3 / fp8e5m2): random N(0,1) values over a
+    per-tensor scale (amax / the format's max), K in the x = 16 layout; returns the
+    case and the keyword arguments (k_scale, v_scale) of paged_attention."""
+    q, kc, vc, bt, sl = case
+    n, hkv, _, bs, _ = kc.shape
+    D = vc.shape[2]
+    dt = FP8[kv]
+    fmax = float(jnp.finfo(dt).max)
+    k1, k2 = jax.random.split(jax.random.key(1))
+    k = jax.random.normal(k1, (n, hkv, D // 16, bs, 16), jnp.float32)
+    v = jax.random.normal(k2, vc.shape, jnp.float32)
+    k_scale = jnp.max(jnp.abs(k)) / fmax
+    v_scale = jnp.max(jnp.abs(v)) / fmax
+    kc8, vc8 = (k / k_scale).astype(dt), (v / v_scale).astype(dt)
+    return (q, kc8, vc8, bt, sl), dict(k_scale=k_scale, v_scale=v_scale)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="1,32,8,32768", help="B,Hq,Hkv,L[,head_size[,block_size]]")
     ap.add_argument("--impls", default="grouped,v2", help="comma-separated impl names")
+    ap.add_argument("--kv", default="bf16", help="comma-separated cache dtypes: bf16, fp8e4m3, fp8e5m2")
     ap.add_argument("--copy", action="store_true", help="also one copy of the K+V bytes")
     args = ap.parse_args()
-    q, kc, vc, bt, sl = build_case(args.config)
-    for impl in args.impls.split(","):
-        f = jax.jit(lambda q, kc, vc, bt, sl, impl=impl: jp.paged_attention(q, kc, vc, bt, sl, impl=impl))
-        jax.block_until_ready(f(q, kc, vc, bt, sl))
-        jax.block_until_ready(f(q, kc, vc, bt, sl))
-        print(f"ran {impl}", flush=True)
+    case = build_case(args.config)
+    q, kc, vc, bt, sl = case
+    for kv in args.kv.split(","):
+        args_kv, kwargs = (case, {}) if kv == "bf16" else fp8_case(case, kv)
+        for impl in args.impls.split(","):
+            f = jax.jit(lambda q, kc, vc, bt, sl, kwargs, impl=impl:
+                        jp.paged_attention(q, kc, vc, bt, sl, impl=impl, **kwargs))
+            jax.block_until_ready(f(*args_kv, kwargs))
+            jax.block_until_ready(f(*args_kv, kwargs))
+            print(f"ran {impl} on {kv} caches", flush=True)
     if args.copy:
         both = jnp.concatenate([kc.reshape(-1), vc.reshape(-1)])
         cp = jax.jit(lambda a: a + jnp.asarray(1, a.dtype))

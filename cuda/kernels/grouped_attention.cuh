@@ -658,12 +658,16 @@ __global__ void __launch_bounds__(
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] - m_run[e >> 1]);
+      // alpha is exactly 1 for a row whose maximum did not grow (exp2f(0)).
+      if (!kSkipUnitRescale ||
+          __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform
 #pragma unroll
-      for (int n = 0; n < C::kNTiles; ++n) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
+        for (int n = 0; n < C::kNTiles; ++n) {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
+        }
       }
 
       // O += P V. Tokens without data (smask) have their V zeroed in registers:

@@ -31,6 +31,17 @@ constexpr int kMaxRows = 16;   // query heads per CTA: the M of mma.m16n8k16
 constexpr int kMinBlockSize = 8;
 constexpr int kMaxBlockSize = 32;
 
+// Development option (CMake -DJAX_PAGED_SKIP_RESCALE=ON, off by default; NOT yet
+// run on a GPU): the online softmax skips the rescale of a warp's O accumulators
+// (kNTiles * 4 multiplies per slice) when no lane's row maximum grew, i.e. when
+// every factor is exactly 1. The same arithmetic; meant for the fp8 path, which
+// ncu found bound by instruction issue (BENCHMARKS.md, fifth session).
+#ifdef JAX_PAGED_SKIP_RESCALE
+constexpr bool kSkipUnitRescale = true;
+#else
+constexpr bool kSkipUnitRescale = false;
+#endif
+
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 

@@ -93,7 +93,7 @@ else
   t0=$SECONDS
   # The development options OFF explicitly: a warm machine's build directory keeps a cached
   # option (e.g. a trace build's) until it is set again.
-  CMAKE_ARGS="${CMAKE_ARGS:--DJAX_PAGED_TRACE=OFF -DJAX_PAGED_SKIP_RESCALE=OFF}" \
+  CMAKE_ARGS="${CMAKE_ARGS:--DJAX_PAGED_TRACE=OFF -DJAX_PAGED_SKIP_RESCALE=OFF -DJAX_PAGED_STATIC_BLOCK_SIZE=OFF}" \
   timeout -k 15 "${INSTALL_TIMEOUT:-420}" "$PY" -m pip install --no-build-isolation --no-deps -e . -v \
     > "$OUTDIR/install.log" 2>&1
   rc=$?

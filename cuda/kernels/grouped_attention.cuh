@@ -241,7 +241,9 @@ __device__ __forceinline__ unsigned SmId() {
 // every row attends [0, L), so the per-row range test and the cap leave the
 // hot loop. (One kernel with both paths ran up to 9% slower on plain decode
 // on the H200, e.g. 32x32x32x2048 270 us against 255 us.)
-template <typename T, typename TC, int D, bool kPlain>
+// kBlockSize: 0, the block size read from p at run time; else it (8, 16 or
+// 32, equal to p.block_size), a compile-time constant (kStaticBlockSizeFp8).
+template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0>
 __global__ void __launch_bounds__(
     kThreads, (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
@@ -280,8 +282,11 @@ __global__ void __launch_bounds__(
            (g - qi * group);
   };
 
-  const int BS = p.block_size;  // 8, 16 or 32 (checked by the handler)
-  const int log2_bs = __ffs(BS) - 1;
+  const int BS = kBlockSize > 0 ? kBlockSize : p.block_size;  // 8, 16 or 32 (checked by the handler)
+  const int log2_bs = kBlockSize == 8    ? 3
+                      : kBlockSize == 16 ? 4
+                      : kBlockSize == 32 ? 5
+                                         : __ffs(BS) - 1;
   const int ppt = C::kTile >> log2_bs;  // pages per tile (1..8)
   const int blocks_per_part = p.partition_size >> log2_bs;
   const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
@@ -902,17 +907,36 @@ cudaError_t ConfigureGroupedKernel(Kernel kernel, size_t smem_bytes, int device,
   return cudaSuccess;
 }
 
+// The kernel instantiation for a call: one per kPlain, or with
+// kStaticBlockSizeFp8 one per block size too for fp8 caches (`bs_index` 1..3).
+template <typename T, typename TC, int D, bool kPlain>
+auto SelectGroupedKernel(int block_size, int* bs_index) {
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
+  if constexpr (C::kFp8 && kStaticBlockSizeFp8) {
+    switch (block_size) {  // 8, 16 or 32 (checked by the handler)
+      case 8: *bs_index = 1; return &GroupedAttentionKernel<T, TC, D, kPlain, 8>;
+      case 16: *bs_index = 2; return &GroupedAttentionKernel<T, TC, D, kPlain, 16>;
+      default: *bs_index = 3; return &GroupedAttentionKernel<T, TC, D, kPlain, 32>;
+    }
+  } else {
+    *bs_index = 0;
+    return &GroupedAttentionKernel<T, TC, D, kPlain>;
+  }
+}
+
 template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
                                    cudaStream_t stream) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), HEAD_SIZE>;
-  static std::atomic<bool> smem_configured[2][kMaxDevices];
-  static std::atomic<bool> carveout_set[2][kMaxDevices];
+  static std::atomic<bool> smem_configured[2][4][kMaxDevices];
+  static std::atomic<bool> carveout_set[2][4][kMaxDevices];
   const bool plain = p.q_len == 1 && p.sliding_window <= 0 && !(p.soft_cap > 0.0f);
-  auto kernel = plain ? &GroupedAttentionKernel<T, TC, HEAD_SIZE, true>
-                      : &GroupedAttentionKernel<T, TC, HEAD_SIZE, false>;
-  if (cudaError_t err = ConfigureGroupedKernel(kernel, C::kSmemBytes, device,
-                                               smem_configured[plain], carveout_set[plain]);
+  int bs_index = 0;
+  auto kernel = plain ? SelectGroupedKernel<T, TC, HEAD_SIZE, true>(p.block_size, &bs_index)
+                      : SelectGroupedKernel<T, TC, HEAD_SIZE, false>(p.block_size, &bs_index);
+  if (cudaError_t err =
+          ConfigureGroupedKernel(kernel, C::kSmemBytes, device, smem_configured[plain][bs_index],
+                                 carveout_set[plain][bs_index]);
       err != cudaSuccess)
     return err;
   const int rows = (p.num_heads / p.num_kv_heads) * p.q_len;  // per KV head

@@ -42,6 +42,17 @@ constexpr bool kSkipUnitRescale = true;
 constexpr bool kSkipUnitRescale = false;
 #endif
 
+// Development option (CMake -DJAX_PAGED_STATIC_BLOCK_SIZE=ON, off by default; NOT
+// yet run on a GPU): the fp8-cache kernels are instantiated per block size (8, 16,
+// 32) instead of reading it at run time, so that shared-memory offsets such as
+// ks * 16 * BS become immediates (the fp8 loop spends IMADs on them; BENCHMARKS.md,
+// fifth session). Three times the fp8 instantiations.
+#ifdef JAX_PAGED_STATIC_BLOCK_SIZE
+constexpr bool kStaticBlockSizeFp8 = true;
+#else
+constexpr bool kStaticBlockSizeFp8 = false;
+#endif
+
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 

@@ -91,9 +91,10 @@ else
   STAGES+=(install)
   echo; echo "=== [install] $(now): $PY -m pip install --no-build-isolation --no-deps -e . -v"
   t0=$SECONDS
-  # The development options OFF explicitly: a warm machine's build directory keeps a cached
-  # option (e.g. a trace build's) until it is set again.
-  CMAKE_ARGS="${CMAKE_ARGS:--DJAX_PAGED_TRACE=OFF -DJAX_PAGED_SKIP_RESCALE=OFF -DJAX_PAGED_STATIC_BLOCK_SIZE=OFF}" \
+  # The development options (CMakeLists.txt's "(development)" options) OFF explicitly: a warm
+  # machine's build directory keeps a cached option (e.g. a trace build's) until it is set again.
+  DEV_OFF=$(sed -nE 's/^ *option\((JAX_PAGED_[A-Z0-9_]+) .*\(development\).*/-D\1=OFF/p' CMakeLists.txt | paste -sd' ')
+  CMAKE_ARGS="${CMAKE_ARGS:-$DEV_OFF}" \
   timeout -k 15 "${INSTALL_TIMEOUT:-420}" "$PY" -m pip install --no-build-isolation --no-deps -e . -v \
     > "$OUTDIR/install.log" 2>&1
   rc=$?

@@ -283,10 +283,8 @@ __global__ void __launch_bounds__(
   };
 
   const int BS = kBlockSize > 0 ? kBlockSize : p.block_size;  // 8, 16 or 32 (checked by the handler)
-  const int log2_bs = kBlockSize == 8    ? 3
-                      : kBlockSize == 16 ? 4
-                      : kBlockSize == 32 ? 5
-                                         : __ffs(BS) - 1;
+  // (__ffs of a constant is not folded: the constant case is spelled out.)
+  const int log2_bs = kBlockSize > 0 ? Log2(kBlockSize) : __ffs(BS) - 1;
   const int ppt = C::kTile >> log2_bs;  // pages per tile (1..8)
   const int blocks_per_part = p.partition_size >> log2_bs;
   const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
@@ -908,18 +906,17 @@ cudaError_t ConfigureGroupedKernel(Kernel kernel, size_t smem_bytes, int device,
 }
 
 // The kernel instantiation for a call: one per kPlain, or with
-// kStaticBlockSizeFp8 one per block size too for fp8 caches (`bs_index` 1..3).
+// kStaticBlockSizeFp8 one per block size too for fp8 caches.
 template <typename T, typename TC, int D, bool kPlain>
-auto SelectGroupedKernel(int block_size, int* bs_index) {
+auto SelectGroupedKernel(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 && kStaticBlockSizeFp8) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
-      case 8: *bs_index = 1; return &GroupedAttentionKernel<T, TC, D, kPlain, 8>;
-      case 16: *bs_index = 2; return &GroupedAttentionKernel<T, TC, D, kPlain, 16>;
-      default: *bs_index = 3; return &GroupedAttentionKernel<T, TC, D, kPlain, 32>;
+      case 8: return &GroupedAttentionKernel<T, TC, D, kPlain, 8>;
+      case 16: return &GroupedAttentionKernel<T, TC, D, kPlain, 16>;
+      default: return &GroupedAttentionKernel<T, TC, D, kPlain, 32>;
     }
   } else {
-    *bs_index = 0;
     return &GroupedAttentionKernel<T, TC, D, kPlain>;
   }
 }
@@ -931,9 +928,10 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   static std::atomic<bool> smem_configured[2][4][kMaxDevices];
   static std::atomic<bool> carveout_set[2][4][kMaxDevices];
   const bool plain = p.q_len == 1 && p.sliding_window <= 0 && !(p.soft_cap > 0.0f);
-  int bs_index = 0;
-  auto kernel = plain ? SelectGroupedKernel<T, TC, HEAD_SIZE, true>(p.block_size, &bs_index)
-                      : SelectGroupedKernel<T, TC, HEAD_SIZE, false>(p.block_size, &bs_index);
+  // Which of a plain-ness's instantiations: 0, or 1..3 for block size 8..32.
+  const int bs_index = C::kFp8 && kStaticBlockSizeFp8 ? __builtin_ctz(p.block_size) - 2 : 0;
+  auto kernel = plain ? SelectGroupedKernel<T, TC, HEAD_SIZE, true>(p.block_size)
+                      : SelectGroupedKernel<T, TC, HEAD_SIZE, false>(p.block_size);
   if (cudaError_t err =
           ConfigureGroupedKernel(kernel, C::kSmemBytes, device, smem_configured[plain][bs_index],
                                  carveout_set[plain][bs_index]);
@@ -949,8 +947,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
     kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
              C::kSmemBytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
     if (!direct_out) {
-      if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream);
-          err != cudaSuccess)
+      if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;
     }
   }

@@ -55,6 +55,7 @@ constexpr bool kStaticBlockSizeFp8 = false;
 
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
+constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
 
 // QELEM: bytes of one query element (2 for f16/bf16 -> tensor cores, 4 for
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8

@@ -168,6 +168,26 @@ __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
   }
 }
 
+// 2^x, results below 2^-126 flushed to 0 (they weigh nothing next to the
+// running maximum's 2^0): exp2f's denormal handling cost 3 more instructions
+// per exponential in the loop.
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// `v`, in a register the compiler cannot see through: keeps a loop-invariant
+// value computed once instead of rematerialized inside the loop.
+__device__ __forceinline__ int Opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+__device__ __forceinline__ uint32_t Opaque(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 __device__ __forceinline__ float Dot4(const float4& a, const float4& b, float acc) {
   acc = fmaf(a.x, b.x, acc);
   acc = fmaf(a.y, b.y, acc);
@@ -175,20 +195,25 @@ __device__ __forceinline__ float Dot4(const float4& a, const float4& b, float ac
   return fmaf(a.w, b.w, acc);
 }
 
-// Bytes 2*kPair, 2*kPair + 1 of four fp8 values widened to a packed f16
-// pair (lower byte in the low half), exactly: every e4m3 / e5m2 value is an
-// f16 value. e5m2 is the top byte of an f16 (one byte permute); e4m3 takes
-// one hardware conversion. (Widening to bf16 for bf16 queries took four
-// conversions per pair, fp8 -> f16 -> 2 x f32 -> bf16, and bound the fp8
-// path at ~50% of the bytes' bandwidth at 16 conversions / clock / SM.)
-template <typename TC, int kPair>
-__device__ __forceinline__ uint32_t Fp8PairToHalf2(uint32_t four) {
+// Four fp8 values (one 32-bit load) widened to two packed f16 pairs, exactly
+// (every e4m3 / e5m2 value is an f16 value): lo = bytes 0, 1 and hi = bytes
+// 2, 3 (the lower byte in the low half). e5m2 is the top byte of an f16 (one
+// byte permute per pair); e4m3 takes one hardware conversion per pair, whose
+// operand selects the register's upper half itself when written as below (a
+// C++ shift of the upper half cost one extra SHF per pair in the SASS).
+// (Widening to bf16 for bf16 queries took four conversions per pair, fp8 ->
+// f16 -> 2 x f32 -> bf16, and bound the fp8 path at ~50% of the bytes'
+// bandwidth at 16 conversions / clock / SM.)
+template <typename TC>
+__device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t four, uint32_t& lo, uint32_t& hi) {
   if constexpr (std::is_same_v<TC, __nv_fp8_e5m2>) {
-    return __byte_perm(four, 0u, kPair == 0 ? 0x1404u : 0x3424u);
+    lo = __byte_perm(four, 0u, 0x1404u);
+    hi = __byte_perm(four, 0u, 0x3424u);
   } else {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>((four >> (16 * kPair)) & 0xFFFFu), __NV_E4M3);
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+    asm("{\n\t.reg .b16 l16, h16;\n\tmov.b32 {l16, h16}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, l16;\n\tcvt.rn.f16x2.e4m3x2 %1, h16;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(four));
   }
 }
 
@@ -237,12 +262,14 @@ __device__ __forceinline__ unsigned SmId() {
 // same permutation; the S columns (tokens) are permuted likewise, so that P's
 // k indices 2tq, 2tq+1, 2tq+8, 2tq+9 are the 4 consecutive tokens 4tq..4tq+3
 // whose V bytes (V rows are token-contiguous) are again one 32-bit load.
-// kPlain: q_len == 1, no sliding window, no soft cap (a plain decode step):
-// every row attends [0, L), so the per-row range test and the cap leave the
-// hot loop. (One kernel with both paths ran up to 9% slower on plain decode
-// on the H200, e.g. 32x32x32x2048 270 us against 255 us.)
-// kBlockSize: 0, the block size read from p at run time; else it (8, 16 or
-// 32, equal to p.block_size), a compile-time constant (kStaticBlockSizeFp8).
+// kPlain: q_len == 1, no sliding window, no soft cap, no ALiBi (a plain
+// decode step): every row attends [0, L) with logit = scale * q.k, so the
+// per-row range test, the cap and the ALiBi term leave the hot loop. (One
+// kernel with both paths ran up to 9% slower on plain decode on the H200,
+// e.g. 32x32x32x2048 270 us against 255 us.)
+// kBlockSize: 0, the block size read from p at run time (16-bit and f32
+// caches); else it (8, 16 or 32, equal to p.block_size), a compile-time
+// constant (fp8 caches, see SelectGroupedKernel).
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0>
 __global__ void __launch_bounds__(
     kThreads, (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>::kCtasPerSm))
@@ -275,9 +302,11 @@ __global__ void __launch_bounds__(
   const int rows = min(rows_per_cta, q_len * group - row0);         // rows here
   if (rows <= 0) return;
   // Workspace / out / lse row of local row r: ((seq, qi), head).
+  // (A plain decode step has q_len == 1, so qi == 0: no run-time division in
+  // the query staging and output loops.)
   auto hrow_of = [&](int r) -> int64_t {
     const int g = row0 + r;
-    const int qi = g / group;
+    const int qi = kPlain ? 0 : g / group;
     return (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + kv_head * group +
            (g - qi * group);
   };
@@ -509,18 +538,17 @@ __global__ void __launch_bounds__(
   // Shared-memory byte offsets (within a stage's K or V region) of this lane's
   // ldmatrix rows (16-bit caches) or 32-bit loads (fp8 caches).
   uint32_t q_addr = 0, k_off = 0, k_tail_off = 0, v_off = 0;
-  uint32_t k8_off[2] = {0u, 0u};
+  uint32_t k8_off = 0u;
   // Element offsets of this lane's four tokens (f32 path).
   int kf_off[2][2] = {{0, 0}, {0, 0}};
   if constexpr (C::kMma) {
     q_addr = SmemAddr(q_s) +
              ((((lane >> 3) & 1) * 8 + (lane & 7)) * C::kQStride + (lane >> 4) * 8) * 2;
     if constexpr (kFp8) {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int tk = slice_tok + 4 * (gid >> 1) + 2 * nt + (gid & 1);
-        k8_off[nt] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
-      }
+      // Tokens tk and tk + 2 are in one page (tk % 4 < 2 and pages hold a
+      // multiple of 4 tokens), so the second n-tile's K is 2 * 16 bytes on.
+      const int tk = slice_tok + 4 * (gid >> 1) + (gid & 1);
+      k8_off = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
       const int tv = slice_tok + 4 * tq;
       v_off = (tv >> log2_bs) * page_elems + (dim0 + gid) * BS + (tv & (BS - 1));
     } else {
@@ -543,6 +571,16 @@ __global__ void __launch_bounds__(
       }
   }
 
+  // The per-lane offsets are loop-invariant, but nvcc recomputed them from
+  // threadIdx in every tile (~60 SASS instructions per tile of the fp8 loop);
+  // opaque copies stay in registers.
+  const int slice_tok_r = Opaque(slice_tok), pg_lo_r = Opaque(pg_lo), pg_hi_r = Opaque(pg_hi);
+  q_addr = Opaque(q_addr);
+  k_off = Opaque(k_off);
+  k_tail_off = Opaque(k_tail_off);
+  v_off = Opaque(v_off);
+  k8_off = Opaque(k8_off);
+
   // ---- main loop over the partition's tiles -----------------------------------------
   int stage = 0;
   uint32_t phase = 0;
@@ -553,11 +591,11 @@ __global__ void __launch_bounds__(
 #endif
     const uint32_t pages = mask_s[stage];
     const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
-    const int tbase = tile_tok0 + slice_tok;  // this slice's first token
+    const int tbase = tile_tok0 + slice_tok_r;  // this slice's first token
     // Tokens of the slice that hold data: before L, in a page that was copied.
     const int rem = L - tbase;
     uint32_t smask = rem >= 16 ? 0xFFFFu : (rem <= 0 ? 0u : ((1u << rem) - 1u));
-    smask &= (((pages >> pg_lo) & 1u) ? 0x00FFu : 0u) | (((pages >> pg_hi) & 1u) ? 0xFF00u : 0u);
+    smask &= (((pages >> pg_lo_r) & 1u) ? 0x00FFu : 0u) | (((pages >> pg_hi_r) & 1u) ? 0xFF00u : 0u);
 
     if (smask != 0u) {  // warp-uniform
       const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
@@ -577,8 +615,10 @@ __global__ void __launch_bounds__(
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             const uint32_t raw =
-                *reinterpret_cast<const uint32_t*>(kptr + k8_off[nt] + ks * 16 * BS);
-            Mma16816<TM>(s[nt], a, Fp8PairToHalf2<TC, 0>(raw), Fp8PairToHalf2<TC, 1>(raw));
+                *reinterpret_cast<const uint32_t*>(kptr + k8_off + nt * 32 + ks * 16 * BS);
+            uint32_t b0, b1;
+            Fp8x4ToHalf2x2<TC>(raw, b0, b1);
+            Mma16816<TM>(s[nt], a, b0, b1);
           }
         }
       } else if constexpr (C::kMma) {
@@ -634,8 +674,7 @@ __global__ void __launch_bounds__(
           const int t = tbase + j;
           float l = -INFINITY;
           if constexpr (kPlain) {
-            if ((smask >> j) & 1u)
-              l = fmaf(s[nt][e], qk_scale, slope[r] * static_cast<float>(t - (L - 1)));
+            if ((smask >> j) & 1u) l = s[nt][e] * qk_scale;
           } else {
             if (((smask >> j) & 1u) && t >= r_start[r] && t < r_end[r]) {
               l = fmaf(s[nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
@@ -653,17 +692,19 @@ __global__ void __launch_bounds__(
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float m_new = fmaxf(m_run[r], mx[r]);
-        alpha[r] = exp2f(m_run[r] - m_new);
+        alpha[r] = Exp2Ftz(m_run[r] - m_new);
         m_run[r] = m_new;
         l_run[r] *= alpha[r];
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] - m_run[e >> 1]);
-      // alpha is exactly 1 for a row whose maximum did not grow (exp2f(0)).
-      if (!kSkipUnitRescale ||
-          __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform
+        for (int e = 0; e < 4; ++e) s[nt][e] = Exp2Ftz(s[nt][e] - m_run[e >> 1]);
+      // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
+      // fp8 path, bound by instruction issue, skips the multiplies when no
+      // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
+      // block size: 146.6 -> 139.6 us; on bf16 it measured neutral, +-1.5%).
+      if (!kFp8 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform
 #pragma unroll
         for (int n = 0; n < C::kNTiles; ++n) {
           o[n][0] *= alpha[0];
@@ -686,44 +727,61 @@ __global__ void __launch_bounds__(
         pa[3] = PackPair<TM>(s[1][2], s[1][3]);
         l_run[0] += (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
         l_run[1] += (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
+        // Two copies of the loop, so that full slices (all but a partition's
+        // last) test nothing per n-tile (a per-tile test cost 4 branch
+        // instructions per n-tile in the fp8 SASS).
         const bool masked = smask != 0xFFFFu;
         if constexpr (kFp8) {
           // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 of dim gid.
-          const uint32_t bits = (smask >> (4 * tq)) & 0xFu;
+          auto pv8 = [&](auto kMasked, uint32_t byte_mask) {
 #pragma unroll
-          for (int n = 0; n < C::kNTiles; ++n) {
-            uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v_off + n * 8 * BS);
-            if (masked) raw = ByteMask(raw, bits);
-            Mma16816<TM>(o[n], pa, Fp8PairToHalf2<TC, 0>(raw), Fp8PairToHalf2<TC, 1>(raw));
-          }
+            for (int n = 0; n < C::kNTiles; ++n) {
+              uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v_off + n * 8 * BS);
+              if constexpr (decltype(kMasked)::value) raw &= byte_mask;
+              uint32_t b0, b1;
+              Fp8x4ToHalf2x2<TC>(raw, b0, b1);
+              Mma16816<TM>(o[n], pa, b0, b1);
+            }
+          };
+          if (masked)
+            pv8(std::true_type{}, ByteMask(0xFFFFFFFFu, (smask >> (4 * tq)) & 0xFu));
+          else
+            pv8(std::false_type{}, 0u);
         } else {
           // V fragment b0 holds tokens 2tq, 2tq+1; b1 tokens 2tq+8, 2tq+9.
           const uint32_t vm0 = (((smask >> (2 * tq)) & 1u) ? 0x0000FFFFu : 0u) |
                                (((smask >> (2 * tq + 1)) & 1u) ? 0xFFFF0000u : 0u);
           const uint32_t vm1 = (((smask >> (2 * tq + 8)) & 1u) ? 0x0000FFFFu : 0u) |
                                (((smask >> (2 * tq + 9)) & 1u) ? 0xFFFF0000u : 0u);
+          auto pv16 = [&](auto kMasked) {
+            constexpr bool kM = decltype(kMasked)::value;
 #pragma unroll
-          for (int np = 0; np < C::kNTiles / 2; ++np) {
-            uint32_t b[4];
-            Ldsm4(b, vbase + v_off + np * 32 * BS);
-            if (masked) {
-              b[0] &= vm0;
-              b[1] &= vm1;
-              b[2] &= vm0;
-              b[3] &= vm1;
+            for (int np = 0; np < C::kNTiles / 2; ++np) {
+              uint32_t b[4];
+              Ldsm4(b, vbase + v_off + np * 32 * BS);
+              if constexpr (kM) {
+                b[0] &= vm0;
+                b[1] &= vm1;
+                b[2] &= vm0;
+                b[3] &= vm1;
+              }
+              Mma16816<TM>(o[2 * np], pa, b[0], b[1]);
+              Mma16816<TM>(o[2 * np + 1], pa, b[2], b[3]);
             }
-            Mma16816<TM>(o[2 * np], pa, b[0], b[1]);
-            Mma16816<TM>(o[2 * np + 1], pa, b[2], b[3]);
-          }
-          if constexpr (C::kNTiles % 2 == 1) {
-            uint32_t b[2];
-            Ldsm2(b, vbase + v_off + (C::kNTiles / 2) * 32 * BS);
-            if (masked) {
-              b[0] &= vm0;
-              b[1] &= vm1;
+            if constexpr (C::kNTiles % 2 == 1) {
+              uint32_t b[2];
+              Ldsm2(b, vbase + v_off + (C::kNTiles / 2) * 32 * BS);
+              if constexpr (kM) {
+                b[0] &= vm0;
+                b[1] &= vm1;
+              }
+              Mma16816<TM>(o[C::kNTiles - 1], pa, b[0], b[1]);
             }
-            Mma16816<TM>(o[C::kNTiles - 1], pa, b[0], b[1]);
-          }
+          };
+          if (masked)
+            pv16(std::true_type{});
+          else
+            pv16(std::false_type{});
         }
       } else {
         // Gather the slice's probabilities of rows gid, gid + 8 from the quad.
@@ -905,12 +963,13 @@ cudaError_t ConfigureGroupedKernel(Kernel kernel, size_t smem_bytes, int device,
   return cudaSuccess;
 }
 
-// The kernel instantiation for a call: one per kPlain, or with
-// kStaticBlockSizeFp8 one per block size too for fp8 caches.
+// The kernel instantiation for a call: one per kPlain, and for fp8 caches
+// one per block size too (their loop is bound by instruction issue; constant
+// shared-memory offsets saved ~10% of its instructions).
 template <typename T, typename TC, int D, bool kPlain>
 auto SelectGroupedKernel(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
-  if constexpr (C::kFp8 && kStaticBlockSizeFp8) {
+  if constexpr (C::kFp8) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
       case 8: return &GroupedAttentionKernel<T, TC, D, kPlain, 8>;
       case 16: return &GroupedAttentionKernel<T, TC, D, kPlain, 16>;
@@ -927,9 +986,10 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), HEAD_SIZE>;
   static std::atomic<bool> smem_configured[2][4][kMaxDevices];
   static std::atomic<bool> carveout_set[2][4][kMaxDevices];
-  const bool plain = p.q_len == 1 && p.sliding_window <= 0 && !(p.soft_cap > 0.0f);
+  const bool plain = p.q_len == 1 && p.sliding_window <= 0 && !(p.soft_cap > 0.0f) &&
+                     p.alibi_slopes == nullptr;
   // Which of a plain-ness's instantiations: 0, or 1..3 for block size 8..32.
-  const int bs_index = C::kFp8 && kStaticBlockSizeFp8 ? __builtin_ctz(p.block_size) - 2 : 0;
+  const int bs_index = C::kFp8 ? __builtin_ctz(p.block_size) - 2 : 0;
   auto kernel = plain ? SelectGroupedKernel<T, TC, HEAD_SIZE, true>(p.block_size)
                       : SelectGroupedKernel<T, TC, HEAD_SIZE, false>(p.block_size);
   if (cudaError_t err =

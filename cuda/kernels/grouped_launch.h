@@ -31,28 +31,6 @@ constexpr int kMaxRows = 16;   // query heads per CTA: the M of mma.m16n8k16
 constexpr int kMinBlockSize = 8;
 constexpr int kMaxBlockSize = 32;
 
-// Development option (CMake -DJAX_PAGED_SKIP_RESCALE=ON, off by default; NOT yet
-// run on a GPU): the online softmax skips the rescale of a warp's O accumulators
-// (kNTiles * 4 multiplies per slice) when no lane's row maximum grew, i.e. when
-// every factor is exactly 1. The same arithmetic; meant for the fp8 path, which
-// ncu found bound by instruction issue (BENCHMARKS.md, fifth session).
-#ifdef JAX_PAGED_SKIP_RESCALE
-constexpr bool kSkipUnitRescale = true;
-#else
-constexpr bool kSkipUnitRescale = false;
-#endif
-
-// Development option (CMake -DJAX_PAGED_STATIC_BLOCK_SIZE=ON, off by default; NOT
-// yet run on a GPU): the fp8-cache kernels are instantiated per block size (8, 16,
-// 32) instead of reading it at run time, so that shared-memory offsets such as
-// ks * 16 * BS become immediates (the fp8 loop spends IMADs on them; BENCHMARKS.md,
-// fifth session). Three times the fp8 instantiations.
-#ifdef JAX_PAGED_STATIC_BLOCK_SIZE
-constexpr bool kStaticBlockSizeFp8 = true;
-#else
-constexpr bool kStaticBlockSizeFp8 = false;
-#endif
-
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
@@ -68,10 +46,13 @@ struct GroupedConfig {
   static_assert(CELEM == QELEM || (kFp8 && kMma), "fp8 caches need a 16-bit query");
   static_assert(!kFp8 || D % 16 == 0, "fp8 caches need head_size % 16 == 0");
   static constexpr int kQX = 16 / QELEM;  // query elements per 16-byte chunk
-  // Each warp owns a 16-token slice of a tile; for large heads two warps
-  // share a slice (both compute its 16x16 logits, each does half of P.V), so
-  // that the tile, the accumulators and the registers stay small.
-  static constexpr int kWarpsPerSlice = D >= 192 ? 2 : 1;
+  // Each warp owns a 16-token slice of a tile; for large heads with 16-bit
+  // caches two warps share a slice (both compute its 16x16 logits, each does
+  // half of P.V), so that the tile, the accumulators and the registers stay
+  // small. fp8 caches keep one warp per slice (D = 256: 64-token stages of
+  // 32 KB at two CTAs per SM, like 16-bit D = 128; ~190 registers, no
+  // spills), since duplicating the logits' widening and mma cost them more.
+  static constexpr int kWarpsPerSlice = D >= 192 && !kFp8 ? 2 : 1;
   static constexpr int kSlices = kWarps / kWarpsPerSlice;
   static constexpr int kTile = 16 * kSlices;  // tokens per pipeline stage (32 or 64)
   static constexpr int kDimsPerWarp = D / kWarpsPerSlice;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of a CMake development option in one device call, from the repository root:
 #
-#     AB_CMAKE_ARGS="-DJAX_PAGED_SKIP_RESCALE=ON" bash scripts/ab_build.sh
+#     AB_CMAKE_ARGS="-DJAX_PAGED_<NAME>=ON" bash scripts/ab_build.sh
 #
 # Builds the default kernels (A: every -DNAME=... of AB_CMAKE_ARGS passed as -DNAME=OFF, since
 # CMake keeps a cached option until it is set again, so only ON/OFF options fit) and the

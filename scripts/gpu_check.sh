@@ -80,7 +80,10 @@ skip_stage() {
 }
 
 {
-  echo "gpu_check $(now)  repo $ROOT  commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  # The device tool copies the working tree, whose .git may lag behind it: the
+  # hash of the sources identifies what was built.
+  echo "gpu_check $(now)  repo $ROOT  commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
+    " sources $(cat CMakeLists.txt cuda/*/* jax_paged/*.py 2>/dev/null | sha256sum | cut -c1-12)"
 } | tee "$SUMMARY"
 
 # ---- 1. install ------------------------------------------------------------

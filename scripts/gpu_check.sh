@@ -17,7 +17,7 @@
 # Environment:
 #   OUT              where logs and results go (the device tool sets it; default ./out/gpu_check).
 #                    Files written there (flat): install.log tests.log sanitizer.log
-#                    bench.log bench.json bench.png summary.txt (the test shards' own logs go
+#                    bench.log bench.json bench.png summary.txt sources.sha256 (the test shards' own logs go
 #                    to out/test_shards/; tests.log has the end of any failed shard's log)
 #   PYTHON           interpreter (default python3)
 #   CMAKE_ARGS       for the install (default: the development options OFF, see the install stage)
@@ -79,12 +79,19 @@ skip_stage() {
   echo; echo "=== [$1] skipped ($2)"
 }
 
+# The sources that make the build, in a locale-independent order.
+source_files() {
+  find CMakeLists.txt pyproject.toml cuda jax_paged -type f \( -name '*.txt' -o -name '*.toml' \
+    -o -name '*.h' -o -name '*.cuh' -o -name '*.cu' -o -name '*.cc' -o -name '*.py' \) | LC_ALL=C sort
+}
+
 {
   # The device tool copies the working tree, whose .git may lag behind it: the
   # hash of the sources identifies what was built.
   echo "gpu_check $(now)  repo $ROOT  commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
-    " sources $(cat CMakeLists.txt cuda/*/* jax_paged/*.py 2>/dev/null | sha256sum | cut -c1-12)"
+    " sources $(source_files | xargs cat | sha256sum | cut -c1-12)"
 } | tee "$SUMMARY"
+source_files | xargs sha256sum > "$OUTDIR/sources.sha256"  # compare with the same list made here
 
 # ---- 1. install ------------------------------------------------------------
 if [ "${SKIP_INSTALL:-0}" = 1 ]; then

@@ -17,8 +17,8 @@
 // arrived. Block-table entries are prefetched one tile ahead.
 //
 // Compute, per tile: warp w takes a 16-token slice (two warps per slice when
-// D >= 192, each doing half of the P.V dims). Rows are query heads (16, zero
-// padded), columns tokens:
+// D >= 192 with 16-bit caches, each doing half of the P.V dims). Rows are
+// query heads (16, zero padded), columns tokens:
 //   * f16/bf16: S = Q K^T with mma.m16n8k16 (ldmatrix of Q and of K straight
 //     from the cache layout: a 16-byte K chunk is one ldmatrix row), online
 //     softmax on the accumulator fragments (log2 domain, fp32), P rounded to

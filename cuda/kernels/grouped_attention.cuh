@@ -8,7 +8,7 @@
 // read from HBM once, not once per query head.
 //
 // Memory pipeline: the partition's pages stream through kStages shared-memory
-// stages of kTile tokens (32 or 64). Per (page, KV head) the cache layout puts
+// stages of kTile tokens (32, 64, or 128 with wide fp8 slices). Per (page, KV head) the cache layout puts
 // K ([D/x][BS][x]) and V ([D][BS]) in two contiguous runs of D * BS elements,
 // so lane i of warp 0 copies page i of a tile with two bulk copies
 // (cp.async.bulk, plain sm_90; no tensor map) completing on the stage's
@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(
   const int BS = kBlockSize > 0 ? kBlockSize : p.block_size;  // 8, 16 or 32 (checked by the handler)
   // (__ffs of a constant is not folded: the constant case is spelled out.)
   const int log2_bs = kBlockSize > 0 ? Log2(kBlockSize) : __ffs(BS) - 1;
-  const int ppt = C::kTile >> log2_bs;  // pages per tile (1..8)
+  const int ppt = C::kTile >> log2_bs;  // pages per tile (1..16)
   const int blocks_per_part = p.partition_size >> log2_bs;
   const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
@@ -495,9 +495,13 @@ __global__ void __launch_bounds__(
   const int dim0 = dsub * C::kDimsPerWarp;
   const int gid = lane >> 2;  // fragment row (rows gid and gid + 8)
   const int tq = lane & 3;    // fragment column pair
-  const int slice_tok = slice * 16;
-  const int pg_lo = slice_tok >> log2_bs;        // page of the slice's tokens 0..7
-  const int pg_hi = (slice_tok + 8) >> log2_bs;  // page of its tokens 8..15
+  constexpr int kSub = C::kSubSlices;      // 16-token sub-slices of a warp's slice
+  constexpr int kSliceTokens = 16 * kSub;
+  constexpr uint32_t kFullMask = kSub == 2 ? 0xFFFFFFFFu : 0xFFFFu;
+  const int slice_tok = slice * kSliceTokens;
+  int pg[2 * kSub];  // page of the slice's tokens 8q..8q+7
+#pragma unroll
+  for (int q = 0; q < 2 * kSub; ++q) pg[q] = (slice_tok + 8 * q) >> log2_bs;
   const float k_scale = p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f;
   const float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
   const float soft_cap = p.soft_cap;
@@ -538,7 +542,7 @@ __global__ void __launch_bounds__(
   // Shared-memory byte offsets (within a stage's K or V region) of this lane's
   // ldmatrix rows (16-bit caches) or 32-bit loads (fp8 caches).
   uint32_t q_addr = 0, k_off = 0, k_tail_off = 0, v_off = 0;
-  uint32_t k8_off = 0u;
+  uint32_t k8_off[kSub] = {}, v8_off[kSub] = {};  // fp8: per sub-slice
   // Element offsets of this lane's four tokens (f32 path).
   int kf_off[2][2] = {{0, 0}, {0, 0}};
   if constexpr (C::kMma) {
@@ -547,10 +551,13 @@ __global__ void __launch_bounds__(
     if constexpr (kFp8) {
       // Tokens tk and tk + 2 are in one page (tk % 4 < 2 and pages hold a
       // multiple of 4 tokens), so the second n-tile's K is 2 * 16 bytes on.
-      const int tk = slice_tok + 4 * (gid >> 1) + (gid & 1);
-      k8_off = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
-      const int tv = slice_tok + 4 * tq;
-      v_off = (tv >> log2_bs) * page_elems + (dim0 + gid) * BS + (tv & (BS - 1));
+#pragma unroll
+      for (int h = 0; h < kSub; ++h) {
+        const int tk = slice_tok + 16 * h + 4 * (gid >> 1) + (gid & 1);
+        k8_off[h] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
+        const int tv = slice_tok + 16 * h + 4 * tq;
+        v8_off[h] = (tv >> log2_bs) * page_elems + (dim0 + gid) * BS + (tv & (BS - 1));
+      }
     } else {
       const int tk = slice_tok + (lane >> 4) * 8 + (lane & 7);
       k_off = ((tk >> log2_bs) * page_elems + (((lane >> 3) & 1) * BS + (tk & (BS - 1))) * 8) * 2;
@@ -574,12 +581,18 @@ __global__ void __launch_bounds__(
   // The per-lane offsets are loop-invariant, but nvcc recomputed them from
   // threadIdx in every tile (~60 SASS instructions per tile of the fp8 loop);
   // opaque copies stay in registers.
-  const int slice_tok_r = Opaque(slice_tok), pg_lo_r = Opaque(pg_lo), pg_hi_r = Opaque(pg_hi);
+  const int slice_tok_r = Opaque(slice_tok);
+#pragma unroll
+  for (int q = 0; q < 2 * kSub; ++q) pg[q] = Opaque(pg[q]);
   q_addr = Opaque(q_addr);
   k_off = Opaque(k_off);
   k_tail_off = Opaque(k_tail_off);
   v_off = Opaque(v_off);
-  k8_off = Opaque(k8_off);
+#pragma unroll
+  for (int h = 0; h < kSub; ++h) {
+    k8_off[h] = Opaque(k8_off[h]);
+    v8_off[h] = Opaque(v8_off[h]);
+  }
 
   // ---- main loop over the partition's tiles -----------------------------------------
   int stage = 0;
@@ -592,10 +605,19 @@ __global__ void __launch_bounds__(
     const uint32_t pages = mask_s[stage];
     const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
     const int tbase = tile_tok0 + slice_tok_r;  // this slice's first token
-    // Tokens of the slice that hold data: before L, in a page that was copied.
+    // Tokens of the slice that hold data (bit j: token tbase + j): before L,
+    // in a page that was copied.
     const int rem = L - tbase;
-    uint32_t smask = rem >= 16 ? 0xFFFFu : (rem <= 0 ? 0u : ((1u << rem) - 1u));
-    smask &= (((pages >> pg_lo_r) & 1u) ? 0x00FFu : 0u) | (((pages >> pg_hi_r) & 1u) ? 0xFF00u : 0u);
+    uint32_t smask = rem >= kSliceTokens ? kFullMask : (rem <= 0 ? 0u : ((1u << rem) - 1u));
+    if constexpr (kSub == 1) {
+      smask &= (((pages >> pg[0]) & 1u) ? 0x00FFu : 0u) | (((pages >> pg[1]) & 1u) ? 0xFF00u : 0u);
+    } else {
+      uint32_t page_bits = 0u;
+#pragma unroll
+      for (int q = 0; q < 2 * kSub; ++q)
+        page_bits |= ((pages >> pg[q]) & 1u) ? (0xFFu << (8 * q)) : 0u;
+      smask &= page_bits;
+    }
 
     if (smask != 0u) {  // warp-uniform
       const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
@@ -603,23 +625,29 @@ __global__ void __launch_bounds__(
       const unsigned char* kptr = smem + static_cast<size_t>(stage) * C::kStageBytes;
       const unsigned char* vptr = kptr + C::kTileElems * sizeof(TC);
 
-      // S fragments: s[nt][e] = q[row gid + 8 (e >> 1)] . k[token token_of(nt, e)]
-      float s[2][4];
+      // S fragments: sw[h][nt][e] = q[row gid + 8 (e >> 1)] . k[token 16 h +
+      // token_of(nt, e)] (h: sub-slice; only fp8 caches have more than one).
+      float sw[kSub][2][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      for (int h = 0; h < kSub; ++h)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
+      auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
       if constexpr (kFp8) {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t a[4];
-          Ldsm4(a, q_addr + ks * 32);
+          Ldsm4(a, q_addr + ks * 32);  // shared by the sub-slices
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t raw =
-                *reinterpret_cast<const uint32_t*>(kptr + k8_off + nt * 32 + ks * 16 * BS);
-            uint32_t b0, b1;
-            Fp8x4ToHalf2x2<TC>(raw, b0, b1);
-            Mma16816<TM>(s[nt], a, b0, b1);
-          }
+          for (int h = 0; h < kSub; ++h)
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              const uint32_t raw =
+                  *reinterpret_cast<const uint32_t*>(kptr + k8_off[h] + nt * 32 + ks * 16 * BS);
+              uint32_t b0, b1;
+              Fp8x4ToHalf2x2<TC>(raw, b0, b1);
+              Mma16816<TM>(sw[h][nt], a, b0, b1);
+            }
         }
       } else if constexpr (C::kMma) {
 #pragma unroll
@@ -663,29 +691,31 @@ __global__ void __launch_bounds__(
           qk(std::false_type{});
       }
 
-      // Logits (log2 units) and the online softmax over this slice's 16 tokens.
+      // Logits (log2 units) and the online softmax over this slice's tokens.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int h = 0; h < kSub; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = token_of(nt, e);
-          const int r = e >> 1;
-          const int t = tbase + j;
-          float l = -INFINITY;
-          if constexpr (kPlain) {
-            if ((smask >> j) & 1u) l = s[nt][e] * qk_scale;
-          } else {
-            if (((smask >> j) & 1u) && t >= r_start[r] && t < r_end[r]) {
-              l = fmaf(s[nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
-              // (tanhf: a 1 - 2 / (exp(2x) + 1) form measured slower on the H200,
-              // 297 against 275 us at 32x32x32x2048 with soft cap 30.)
-              if (soft_cap > 0.0f) l = cap2 * tanhf(l * cap_inv);
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = 16 * h + token_of(nt, e);
+            const int r = e >> 1;
+            const int t = tbase + j;
+            float l = -INFINITY;
+            if constexpr (kPlain) {
+              if ((smask >> j) & 1u) l = sw[h][nt][e] * qk_scale;
+            } else {
+              if (((smask >> j) & 1u) && t >= r_start[r] && t < r_end[r]) {
+                l = fmaf(sw[h][nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
+                // (tanhf: a 1 - 2 / (exp(2x) + 1) form measured slower on the H200,
+                // 297 against 275 us at 32x32x32x2048 with soft cap 30.)
+                if (soft_cap > 0.0f) l = cap2 * tanhf(l * cap_inv);
+              }
             }
+            sw[h][nt][e] = l;
+            mx[r] = fmaxf(mx[r], l);
           }
-          s[nt][e] = l;
-          mx[r] = fmaxf(mx[r], l);
-        }
       float alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -697,9 +727,11 @@ __global__ void __launch_bounds__(
         l_run[r] *= alpha[r];
       }
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int h = 0; h < kSub; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = Exp2Ftz(s[nt][e] - m_run[e >> 1]);
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sw[h][nt][e] = Exp2Ftz(sw[h][nt][e] - m_run[e >> 1]);
       // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
       // fp8 path, bound by instruction issue, skips the multiplies when no
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
@@ -720,33 +752,45 @@ __global__ void __launch_bounds__(
         // A fragment of P (rows, k = the slice's tokens), rounded to T; the
         // softmax sum adds the unrounded fp32 values, so that lse (and the
         // split weights) are fp32-accurate, as in the classic kernels.
-        uint32_t pa[4];
-        pa[0] = PackPair<TM>(s[0][0], s[0][1]);
-        pa[1] = PackPair<TM>(s[0][2], s[0][3]);
-        pa[2] = PackPair<TM>(s[1][0], s[1][1]);
-        pa[3] = PackPair<TM>(s[1][2], s[1][3]);
-        l_run[0] += (s[0][0] + s[0][1]) + (s[1][0] + s[1][1]);
-        l_run[1] += (s[0][2] + s[0][3]) + (s[1][2] + s[1][3]);
+        uint32_t paw[kSub][4];
+#pragma unroll
+        for (int h = 0; h < kSub; ++h) {
+          paw[h][0] = PackPair<TM>(sw[h][0][0], sw[h][0][1]);
+          paw[h][1] = PackPair<TM>(sw[h][0][2], sw[h][0][3]);
+          paw[h][2] = PackPair<TM>(sw[h][1][0], sw[h][1][1]);
+          paw[h][3] = PackPair<TM>(sw[h][1][2], sw[h][1][3]);
+          l_run[0] += (sw[h][0][0] + sw[h][0][1]) + (sw[h][1][0] + sw[h][1][1]);
+          l_run[1] += (sw[h][0][2] + sw[h][0][3]) + (sw[h][1][2] + sw[h][1][3]);
+        }
+        const uint32_t (&pa)[4] = paw[0];  // the 16-bit path's only sub-slice
         // Two copies of the loop, so that full slices (all but a partition's
         // last) test nothing per n-tile (a per-tile test cost 4 branch
         // instructions per n-tile in the fp8 SASS).
-        const bool masked = smask != 0xFFFFu;
+        const bool masked = smask != kFullMask;
         if constexpr (kFp8) {
-          // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 of dim gid.
-          auto pv8 = [&](auto kMasked, uint32_t byte_mask) {
+          // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h) of dim gid.
+          auto pv8 = [&](auto kMasked) {
+            uint32_t byte_mask[kSub];
 #pragma unroll
-            for (int n = 0; n < C::kNTiles; ++n) {
-              uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v_off + n * 8 * BS);
-              if constexpr (decltype(kMasked)::value) raw &= byte_mask;
-              uint32_t b0, b1;
-              Fp8x4ToHalf2x2<TC>(raw, b0, b1);
-              Mma16816<TM>(o[n], pa, b0, b1);
-            }
+            for (int h = 0; h < kSub; ++h)
+              byte_mask[h] = decltype(kMasked)::value
+                                 ? ByteMask(0xFFFFFFFFu, (smask >> (16 * h + 4 * tq)) & 0xFu)
+                                 : 0xFFFFFFFFu;
+#pragma unroll
+            for (int n = 0; n < C::kNTiles; ++n)
+#pragma unroll
+              for (int h = 0; h < kSub; ++h) {
+                uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v8_off[h] + n * 8 * BS);
+                if constexpr (decltype(kMasked)::value) raw &= byte_mask[h];
+                uint32_t b0, b1;
+                Fp8x4ToHalf2x2<TC>(raw, b0, b1);
+                Mma16816<TM>(o[n], paw[h], b0, b1);
+              }
           };
           if (masked)
-            pv8(std::true_type{}, ByteMask(0xFFFFFFFFu, (smask >> (4 * tq)) & 0xFu));
+            pv8(std::true_type{});
           else
-            pv8(std::false_type{}, 0u);
+            pv8(std::false_type{});
         } else {
           // V fragment b0 holds tokens 2tq, 2tq+1; b1 tokens 2tq+8, 2tq+9.
           const uint32_t vm0 = (((smask >> (2 * tq)) & 1u) ? 0x0000FFFFu : 0u) |

@@ -31,6 +31,18 @@ constexpr int kMaxRows = 16;   // query heads per CTA: the M of mma.m16n8k16
 constexpr int kMinBlockSize = 8;
 constexpr int kMaxBlockSize = 32;
 
+// Development option (CMake -DJAX_PAGED_WIDE_FP8_SLICES=ON, off by default; NOT
+// yet run on a GPU): fp8-cache kernels at head sizes <= 64 give each warp 32
+// tokens per tile (two 16-token sub-slices sharing one online-softmax step:
+// its max shuffles, exponent of the factor, O rescale and loop overhead),
+// aimed at head size 64, where that per-slice work weighs twice as much per
+// byte as at 128 (77% of copy in fp8 bytes in the sixth session's run).
+#ifdef JAX_PAGED_WIDE_FP8_SLICES
+constexpr bool kWideFp8Slices = true;
+#else
+constexpr bool kWideFp8Slices = false;
+#endif
+
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
@@ -54,7 +66,11 @@ struct GroupedConfig {
   // spills), since duplicating the logits' widening and mma cost them more.
   static constexpr int kWarpsPerSlice = D >= 192 && !kFp8 ? 2 : 1;
   static constexpr int kSlices = kWarps / kWarpsPerSlice;
-  static constexpr int kTile = 16 * kSlices;  // tokens per pipeline stage (32 or 64)
+  // 16-token sub-slices per warp slice: 2 (a 32-token slice, one softmax step
+  // and one rescale per 32 tokens) for fp8 caches at head sizes <= 64 with
+  // kWideFp8Slices, else 1.
+  static constexpr int kSubSlices = kWideFp8Slices && kFp8 && D <= 64 ? 2 : 1;
+  static constexpr int kTile = 16 * kSlices * kSubSlices;  // tokens per stage (32..128)
   static constexpr int kDimsPerWarp = D / kWarpsPerSlice;
   static constexpr int kNTiles = kDimsPerWarp / 8;  // P.V n-tiles (8 dims) per warp
   static_assert(D % 8 == 0 && kDimsPerWarp % 8 == 0, "head size must be a multiple of 8");

@@ -8,13 +8,14 @@
 // read from HBM once, not once per query head.
 //
 // Memory pipeline: the partition's pages stream through kStages shared-memory
-// stages of kTile tokens (32, 64, or 128 with wide fp8 slices). Per (page, KV head) the cache layout puts
-// K ([D/x][BS][x]) and V ([D][BS]) in two contiguous runs of D * BS elements,
-// so lane i of warp 0 copies page i of a tile with two bulk copies
-// (cp.async.bulk, plain sm_90; no tensor map) completing on the stage's
-// mbarrier. Invalid pages (id outside [0, num_blocks)) and pages past the
-// partition's end are never copied; a per-stage bit mask says which pages
-// arrived. Block-table entries are prefetched one tile ahead.
+// stages of kTile tokens (32, 64, or 128 with wide fp8 slices). Per (page, KV
+// head) the cache layout puts K ([D/x][BS][x]) and V ([D][BS]) in two
+// contiguous runs of D * BS elements, so lane i of warp 0 copies page i of a
+// tile with two bulk copies (cp.async.bulk, plain sm_90; no tensor map)
+// completing on the stage's mbarrier. Invalid pages (id outside [0,
+// num_blocks)) and pages past the partition's end are never copied; a
+// per-stage bit mask says which pages arrived. Block-table entries are
+// prefetched one tile ahead.
 //
 // Compute, per tile: warp w takes a 16-token slice (two warps per slice when
 // D >= 192 with 16-bit caches, each doing half of the P.V dims). Rows are
@@ -631,7 +632,8 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int h = 0; h < kSub; ++h)
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
+        for (int nt = 0; nt < 2; ++nt)
+          sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
       auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
       if constexpr (kFp8) {
 #pragma unroll
@@ -768,7 +770,8 @@ __global__ void __launch_bounds__(
         // instructions per n-tile in the fp8 SASS).
         const bool masked = smask != kFullMask;
         if constexpr (kFp8) {
-          // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h) of dim gid.
+          // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h)
+          // of dim gid.
           auto pv8 = [&](auto kMasked) {
             uint32_t byte_mask[kSub];
 #pragma unroll

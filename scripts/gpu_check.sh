@@ -85,13 +85,14 @@ source_files() {
     -o -name '*.h' -o -name '*.cuh' -o -name '*.cu' -o -name '*.cc' -o -name '*.py' \) | LC_ALL=C sort
 }
 
+# The device tool copies the working tree, whose .git may lag behind it: the
+# sources' hashes (one line per file, to compare with the same list made here)
+# and the hash of that list identify what was built.
+source_files | xargs sha256sum > "$OUTDIR/sources.sha256"
 {
-  # The device tool copies the working tree, whose .git may lag behind it: the
-  # hash of the sources identifies what was built.
   echo "gpu_check $(now)  repo $ROOT  commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
-    " sources $(source_files | xargs cat | sha256sum | cut -c1-12)"
+    " sources $(sha256sum < "$OUTDIR/sources.sha256" | cut -c1-12)"
 } | tee "$SUMMARY"
-source_files | xargs sha256sum > "$OUTDIR/sources.sha256"  # compare with the same list made here
 
 # ---- 1. install ------------------------------------------------------------
 if [ "${SKIP_INSTALL:-0}" = 1 ]; then

@@ -218,11 +218,10 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t four, uint32_t& lo, uint
   }
 }
 
-// Keeps byte i of `v` iff bit i of `bits` is set (zeroes masked fp8 values).
-__device__ __forceinline__ uint32_t ByteMask(uint32_t v, uint32_t bits) {
-  const uint32_t m = ((bits & 1u) ? 0x000000FFu : 0u) | ((bits & 2u) ? 0x0000FF00u : 0u) |
-                     ((bits & 4u) ? 0x00FF0000u : 0u) | ((bits & 8u) ? 0xFF000000u : 0u);
-  return v & m;
+// 0xFF in byte i iff bit i of `bits` is set (ANDed in: zeroes masked fp8 values).
+__device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
+  return ((bits & 1u) ? 0x000000FFu : 0u) | ((bits & 2u) ? 0x0000FF00u : 0u) |
+         ((bits & 4u) ? 0x00FF0000u : 0u) | ((bits & 8u) ? 0xFF000000u : 0u);
 }
 
 #ifdef JAX_PAGED_TRACE
@@ -610,15 +609,11 @@ __global__ void __launch_bounds__(
     // in a page that was copied.
     const int rem = L - tbase;
     uint32_t smask = rem >= kSliceTokens ? kFullMask : (rem <= 0 ? 0u : ((1u << rem) - 1u));
-    if constexpr (kSub == 1) {
-      smask &= (((pages >> pg[0]) & 1u) ? 0x00FFu : 0u) | (((pages >> pg[1]) & 1u) ? 0xFF00u : 0u);
-    } else {
-      uint32_t page_bits = 0u;
+    uint32_t page_bits = 0u;
 #pragma unroll
-      for (int q = 0; q < 2 * kSub; ++q)
-        page_bits |= ((pages >> pg[q]) & 1u) ? (0xFFu << (8 * q)) : 0u;
-      smask &= page_bits;
-    }
+    for (int q = 0; q < 2 * kSub; ++q)
+      page_bits |= ((pages >> pg[q]) & 1u) ? (0xFFu << (8 * q)) : 0u;
+    smask &= page_bits;
 
     if (smask != 0u) {  // warp-uniform
       const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
@@ -777,7 +772,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
             for (int h = 0; h < kSub; ++h)
               byte_mask[h] = decltype(kMasked)::value
-                                 ? ByteMask(0xFFFFFFFFu, (smask >> (16 * h + 4 * tq)) & 0xFu)
+                                 ? ByteMask((smask >> (16 * h + 4 * tq)) & 0xFu)
                                  : 0xFFFFFFFFu;
 #pragma unroll
             for (int n = 0; n < C::kNTiles; ++n)
@@ -990,22 +985,34 @@ __global__ void __launch_bounds__(
 #endif  // JAX_PAGED_GROUPED_SM90
 }
 
+// One instantiation of the kernel with its own once-per-device flags (shared
+// memory limit raised, carveout hint set).
+struct GroupedInstance {
+  void (*kernel)(PagedAttentionParams, int, int, int, bool);
+  std::atomic<bool>* smem_configured;  // [kMaxDevices]
+  std::atomic<bool>* carveout_set;     // [kMaxDevices]
+};
+template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0>
+GroupedInstance GroupedInstanceOf() {
+  static std::atomic<bool> smem_configured[kMaxDevices];
+  static std::atomic<bool> carveout_set[kMaxDevices];
+  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize>, smem_configured, carveout_set};
+}
+
 // Raises the shared-memory limit and the carveout hint of one kernel
 // instantiation, once per device.
-template <typename Kernel>
-cudaError_t ConfigureGroupedKernel(Kernel kernel, size_t smem_bytes, int device,
-                                   std::atomic<bool>* smem_configured,
-                                   std::atomic<bool>* carveout_set) {
-  if (cudaError_t err = EnsureSmemOptin(kernel, smem_bytes, device, smem_configured);
+inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, size_t smem_bytes, int device) {
+  if (cudaError_t err = EnsureSmemOptin(g.kernel, smem_bytes, device, g.smem_configured);
       err != cudaSuccess)
     return err;
   // All data goes through shared memory: prefer the largest carveout so that
   // two CTAs fit per SM (a hint; failure is harmless).
-  if (device >= 0 && device < kMaxDevices && !carveout_set[device].load(std::memory_order_acquire)) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+  if (device >= 0 && device < kMaxDevices &&
+      !g.carveout_set[device].load(std::memory_order_acquire)) {
+    if (cudaFuncSetAttribute(g.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared) != cudaSuccess)
       (void)cudaGetLastError();
-    carveout_set[device].store(true, std::memory_order_release);
+    g.carveout_set[device].store(true, std::memory_order_release);
   }
   return cudaSuccess;
 }
@@ -1014,16 +1021,16 @@ cudaError_t ConfigureGroupedKernel(Kernel kernel, size_t smem_bytes, int device,
 // one per block size too (their loop is bound by instruction issue; constant
 // shared-memory offsets saved ~10% of its instructions).
 template <typename T, typename TC, int D, bool kPlain>
-auto SelectGroupedKernel(int block_size) {
+GroupedInstance SelectGroupedKernel(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
-      case 8: return &GroupedAttentionKernel<T, TC, D, kPlain, 8>;
-      case 16: return &GroupedAttentionKernel<T, TC, D, kPlain, 16>;
-      default: return &GroupedAttentionKernel<T, TC, D, kPlain, 32>;
+      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8>();
+      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16>();
+      default: return GroupedInstanceOf<T, TC, D, kPlain, 32>();
     }
   } else {
-    return &GroupedAttentionKernel<T, TC, D, kPlain>;
+    return GroupedInstanceOf<T, TC, D, kPlain>();
   }
 }
 
@@ -1031,18 +1038,11 @@ template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
                                    cudaStream_t stream) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), HEAD_SIZE>;
-  static std::atomic<bool> smem_configured[2][4][kMaxDevices];
-  static std::atomic<bool> carveout_set[2][4][kMaxDevices];
   const bool plain = p.q_len == 1 && p.sliding_window <= 0 && !(p.soft_cap > 0.0f) &&
                      p.alibi_slopes == nullptr;
-  // Which of a plain-ness's instantiations: 0, or 1..3 for block size 8..32.
-  const int bs_index = C::kFp8 ? __builtin_ctz(p.block_size) - 2 : 0;
-  auto kernel = plain ? SelectGroupedKernel<T, TC, HEAD_SIZE, true>(p.block_size)
-                      : SelectGroupedKernel<T, TC, HEAD_SIZE, false>(p.block_size);
-  if (cudaError_t err =
-          ConfigureGroupedKernel(kernel, C::kSmemBytes, device, smem_configured[plain][bs_index],
-                                 carveout_set[plain][bs_index]);
-      err != cudaSuccess)
+  const GroupedInstance g = plain ? SelectGroupedKernel<T, TC, HEAD_SIZE, true>(p.block_size)
+                                  : SelectGroupedKernel<T, TC, HEAD_SIZE, false>(p.block_size);
+  if (cudaError_t err = ConfigureGroupedKernel(g, C::kSmemBytes, device); err != cudaSuccess)
     return err;
   const int rows = (p.num_heads / p.num_kv_heads) * p.q_len;  // per KV head
   const int group_chunks = (rows + kMaxRows - 1) / kMaxRows;
@@ -1051,7 +1051,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const bool pdl = UseProgrammaticLaunch(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
+    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
              C::kSmemBytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
     if (!direct_out) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)

@@ -33,9 +33,9 @@ import jax_paged as jp  # noqa: E402
 from jax_paged import _native  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_case import build_case  # noqa: E402
+from profile_case import FP8, build_case, fp8_case  # noqa: E402
 
-WORDS = 8  # per CTA: entry, first stage, loop end, exit (ns), SM, tiles, 0, 0
+WORDS = 8  # per CTA: entry, first stage, loop end, exit (ns), SM, tiles, cycles to loop end, cycles after
 
 
 def pct(values: np.ndarray, qs=(0, 50, 90, 100)) -> str:
@@ -58,6 +58,8 @@ def trace_once(fn, args, capacity: int) -> np.ndarray:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="1,32,8,32768", help="B,Hq,Hkv,L[,head_size[,block_size]]")
+    ap.add_argument("--kv", default="bf16", choices=["bf16"] + sorted(FP8),
+                    help="cache type (fp8: random values over per-tensor scales)")
     ap.add_argument("--calls", type=int, default=5, help="traced calls (after two untraced)")
     ap.add_argument("--capacity", type=int, default=1 << 16, help="CTAs the buffer holds")
     args = ap.parse_args()
@@ -66,21 +68,23 @@ def main() -> int:
         print("trace_case: this build has no tracing; rebuild with "
               'CMAKE_ARGS="-DJAX_PAGED_TRACE=ON" (see the docstring)')
         return 2
-    case = build_case(args.config)
+    case, kwargs = build_case(args.config), {}
+    if args.kv != "bf16":
+        case, kwargs = fp8_case(case, args.kv)
     q, kc, vc, bt, sl = case
     # K and V of the valid tokens: tokens x KV heads x head size x 2 x bytes.
     kv_bytes = int(np.sum(np.asarray(sl))) * vc.shape[1] * vc.shape[2] * 2 * vc.dtype.itemsize
-    fn = jax.jit(lambda *a: jp.paged_attention(*a, impl="grouped"))
+    fn = jax.jit(lambda *a: jp.paged_attention(*a, impl="grouped", **kwargs))
     for _ in range(2):
         jax.block_until_ready(fn(*case))
-    print(f"config {args.config}: K+V of the valid tokens {kv_bytes / 1e6:.1f} MB; "
+    print(f"config {args.config} {args.kv}: K+V of the valid tokens {kv_bytes / 1e6:.1f} MB; "
           f"per call, over CTAs, percentiles 0 / 50 / 90 / 100 in us")
     for i in range(args.calls):
         rows = trace_once(fn, case, args.capacity).astype(np.int64)
         if len(rows) == 0:
             print("no CTA wrote a trace row (command buffers on? impl not grouped?)")
             return 1
-        entry, first, loop_end, exit_, sm, tiles = (rows[:, j] for j in range(6))
+        entry, first, loop_end, exit_, sm, tiles, cyc_loop, cyc_epi = (rows[:, j] for j in range(8))
         t0, t_end = entry.min(), exit_.max()
         span = (t_end - t0) / 1e3
         print(f"call {i}: {len(rows)} CTAs on {len(np.unique(sm))} SMs, span {span:.2f} us "
@@ -90,6 +94,16 @@ def main() -> int:
         print(f"  first stage -> loop end   {pct(loop_end - first)}")
         print(f"  loop end -> exit          {pct(exit_ - loop_end)}")
         print(f"  exit before last exit     {pct(t_end - exit_)}")
+        # The SM clock, calibrated on the long entry -> loop end phase.
+        ns_per_cycle = float(np.median((loop_end - entry) / np.maximum(cyc_loop, 1)))
+        print(f"  loop end -> exit, cycles  {pct(cyc_epi * 1e3)} (x 1e3; "
+              f"{ns_per_cycle:.3f} ns/cycle: {pct(cyc_epi * ns_per_cycle)} us)")
+        # Last exit per SM, sorted: a slow group of SMs (one GPC?) shows as a step.
+        last = np.array([exit_[sm == s].max() for s in np.unique(sm)])
+        print(f"  SMs' last exit before the kernel's: {pct(t_end - last, (0, 10, 25, 50, 75, 90, 100))}")
+        by_sm = sorted(zip(np.unique(sm).tolist(), ((t_end - last) / 1e3).round(1).tolist()))
+        if i == 0:
+            print("  per SM (id: us before the end):", " ".join(f"{a}:{b}" for a, b in by_sm))
     return 0
 
 

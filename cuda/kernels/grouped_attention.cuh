@@ -228,7 +228,8 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
 // Development builds only: per-CTA timeline for finding where a call's time
 // goes (scripts/trace_case.py). Row of CTA (x, y, z) = x + gridDim.x * (y +
 // gridDim.y * z): [entry, first stage arrived, last tile done, exit] in ns
-// of %globaltimer, then SM id, tiles, 0, 0.
+// of %globaltimer, then SM id, tiles, and SM clock cycles from entry to the
+// last tile done and from there to the exit.
 constexpr int kTraceWords = 8;
 __device__ __forceinline__ unsigned long long GlobalTimerNs() {
   unsigned long long t;
@@ -283,7 +284,9 @@ __global__ void __launch_bounds__(
   constexpr int kStages = C::kStages;
 #ifdef JAX_PAGED_TRACE
   const unsigned long long t_entry = GlobalTimerNs();
+  const long long c_entry = clock64();
   unsigned long long t_first = 0, t_loop_end = 0;
+  long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
   // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
@@ -897,6 +900,7 @@ __global__ void __launch_bounds__(
 
 #ifdef JAX_PAGED_TRACE
   t_loop_end = GlobalTimerNs();
+  c_loop_end = clock64();
 #endif
   // ---- merge the slices (exact rescaling), normalise, write ---------------------------
 #pragma unroll
@@ -979,7 +983,10 @@ __global__ void __launch_bounds__(
     row[3] = GlobalTimerNs();
     row[4] = SmId();
     row[5] = static_cast<unsigned long long>(ntiles);
-    row[6] = row[7] = 0ull;
+    // SM clock cycles (exact where %globaltimer may tick coarsely): entry ->
+    // loop end, loop end -> exit.
+    row[6] = static_cast<unsigned long long>(c_loop_end - c_entry);
+    row[7] = static_cast<unsigned long long>(clock64() - c_loop_end);
   }
 #endif
 #endif  // JAX_PAGED_GROUPED_SM90

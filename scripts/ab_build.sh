@@ -13,7 +13,8 @@
 # Environment: OUT (results: a.json b.json, logs; default ./out/ab), PYTHON (python3),
 #   AB_CMAKE_ARGS (required), AB_BENCH_ARGS (default: the B=1 and 8x8 issue-4 rows,
 #   no Pallas, no reference), AB_TESTS (default "-q -k 'gpu and grouped'"; empty: none),
-#   AB_TEST_A=1 to test build A too.
+#   AB_TEST_A=1 to test build A too, AB_TEST_JOBS (concurrent test shards, default 4:
+#   scripts/sharded_pytest.py).
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -23,6 +24,7 @@ mkdir -p "$OUTDIR"
 : "${AB_CMAKE_ARGS:?set AB_CMAKE_ARGS, e.g. -DJAX_PAGED_TRACE=ON}"
 BENCH_ARGS=${AB_BENCH_ARGS:---no-defaults --config 1,32,8,32768 --config 8,32,8,8192 --no-pallas --no-reference}
 TESTS=${AB_TESTS-"-q -k 'gpu and grouped'"}
+AB_TEST_JOBS=${AB_TEST_JOBS:-4}
 A_CMAKE_ARGS=$(sed -E 's/-D([A-Za-z0-9_]+)=[^ ]*/-D\1=OFF/g' <<< "$AB_CMAKE_ARGS")
 export PYTHONUNBUFFERED=1
 FAILED=0
@@ -39,9 +41,9 @@ install() {  # $1: label, $2: CMAKE_ARGS
 run_side() {  # $1: label (a or b), $2: CMAKE_ARGS, $3: run the tests (0/1)
   install "$1" "$2" || { echo "=== [$1] install FAILED"; FAILED=1; return; }
   if [ "$3" = 1 ] && [ -n "$TESTS" ]; then
-    echo "=== [$1] tests: pytest $TESTS tests"
-    eval "timeout -k 15 420 \"$PY\" -m pytest $TESTS tests" > "$OUTDIR/tests_$1.log" 2>&1 \
-      || FAILED=1
+    echo "=== [$1] tests: pytest $TESTS tests ($AB_TEST_JOBS shards)"
+    eval "timeout -k 15 420 \"$PY\" scripts/sharded_pytest.py --jobs $AB_TEST_JOBS \
+      --log-dir \"$OUTDIR\" -- $TESTS tests" > "$OUTDIR/tests_$1.log" 2>&1 || FAILED=1
     tail -n 3 "$OUTDIR/tests_$1.log"
   fi
   echo "=== [$1] bench $BENCH_ARGS"

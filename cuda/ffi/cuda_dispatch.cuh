@@ -94,6 +94,8 @@ inline ffi::Error CheckAttentionLaunch(const PagedAttentionParams& p, const char
   if (!Aligned16(p.query) || !Aligned16(p.key_cache) || !Aligned16(p.value_cache) ||
       !Aligned16(p.out))
     return ArgError(std::string(op) + ": query, caches and out must be 16-byte aligned");
+  if (partitioned && !Aligned16(p.tmp_out))  // the grouped kernel stores float4s
+    return ArgError(std::string(op) + ": the tmp_out workspace must be 16-byte aligned");
   const int64_t capacity = int64_t{p.max_blocks_per_seq} * p.block_size;
   if (capacity > INT_MAX)
     return ArgError(std::string(op) + ": max_blocks_per_seq * block_size overflows int32");

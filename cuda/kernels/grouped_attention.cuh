@@ -178,6 +178,18 @@ __device__ __forceinline__ float Exp2Ftz(float x) {
   return y;
 }
 
+// tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2 |x|) in [0, 1]: one
+// ex2.approx and one fast divide (its divisor is in [1, 2]) instead of
+// tanhf's polynomial and branches. Absolute error ~1e-7 (e's relative error
+// ~2^-22 is absolute near x = 0, where 1 - e cancels), so a capped logit
+// cap * tanh(l / cap) moves by ~cap * 1e-7; tanh(+-inf) = +-1, NaN stays NaN.
+// Development option (CMake -DJAX_PAGED_FAST_TANH=ON, off by default; not
+// yet run on a GPU): the soft cap costs 6% at B=1 against plain decode.
+__device__ __forceinline__ float FastTanh(float x) {
+  const float e = Exp2Ftz(-2.0f * kLog2e * fabsf(x));
+  return copysignf(__fdividef(1.0f - e, 1.0f + e), x);
+}
+
 // `v`, in a register the compiler cannot see through: keeps a loop-invariant
 // value computed once instead of rematerialized inside the loop.
 __device__ __forceinline__ int Opaque(int v) {
@@ -710,7 +722,13 @@ __global__ void __launch_bounds__(
                 l = fmaf(sw[h][nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
                 // (tanhf: a 1 - 2 / (exp(2x) + 1) form measured slower on the H200,
                 // 297 against 275 us at 32x32x32x2048 with soft cap 30.)
-                if (soft_cap > 0.0f) l = cap2 * tanhf(l * cap_inv);
+                if (soft_cap > 0.0f) {
+#ifdef JAX_PAGED_FAST_TANH
+                  l = cap2 * FastTanh(l * cap_inv);
+#else
+                  l = cap2 * tanhf(l * cap_inv);
+#endif
+                }
               }
             }
             sw[h][nt][e] = l;
@@ -925,8 +943,10 @@ __global__ void __launch_bounds__(
     for (int sl = 0; sl < C::kSlices; ++sl) m = fmaxf(m, ml_s[(sl * kMaxRows + r) * 2]);
     return m;
   };
+  // Rows gid + 8 exist only when the CTA has more than 8 (warp-uniform).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    if (r == 1 && rows <= 8) break;
     const int row = gid + 8 * r;
     const float f = exp2f(m_run[r] - row_max(row));
     float* dst = obuf + (slice * kMaxRows + row) * kOS + dim0 + 2 * tq;
@@ -934,37 +954,53 @@ __global__ void __launch_bounds__(
     for (int n = 0; n < C::kNTiles; ++n)
       *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * r] * f, o[n][2 * r + 1] * f);
   }
-  // Each row's max and softmax sum over the slices, once per row (not once
-  // per output element below), in the query's buffer (no longer read).
-  float* row_s = reinterpret_cast<float*>(q_s);  // [kMaxRows][2]
+  // Each row's max, softmax sum and output factor over the slices, once per
+  // row (not once per output element below), in the query's buffer (no
+  // longer read).
+  float* row_s = reinterpret_cast<float*>(q_s);  // [kMaxRows][4]: max, sum, factor, -
   if (tid < rows) {
     const float m_all = row_max(tid);
     float l_all = 0.0f;
 #pragma unroll
     for (int sl = 0; sl < C::kSlices; ++sl)
       l_all += ml_s[(sl * kMaxRows + tid) * 2 + 1] * exp2f(ml_s[(sl * kMaxRows + tid) * 2] - m_all);
-    row_s[2 * tid] = m_all;
-    row_s[2 * tid + 1] = l_all;
+    row_s[4 * tid] = m_all;
+    row_s[4 * tid + 1] = l_all;
+    row_s[4 * tid + 2] = v_scale / (l_all + 1e-6f);
   }
   __syncthreads();
-  for (int i = tid; i < rows * D; i += kThreads) {
-    const int r = i / D;
-    const int d = i - r * D;
-    const float m_all = row_s[2 * r];
-    const float l_all = row_s[2 * r + 1];
-    float acc = 0.0f;
+  // Four consecutive dims per thread (D % 8 == 0): one 16-byte workspace store.
+  constexpr int kQuads = D / 4;
+  for (int i = tid; i < rows * kQuads; i += kThreads) {
+    const int r = i / kQuads;
+    const int d = (i - r * kQuads) * 4;
+    const float m_all = row_s[4 * r];
+    const float l_all = row_s[4 * r + 1];
+    const float factor = row_s[4 * r + 2];
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int sl = 0; sl < C::kSlices; ++sl) acc += obuf[(sl * kMaxRows + r) * kOS + d];
-    const float val = v_scale * acc / (l_all + 1e-6f);
+    for (int sl = 0; sl < C::kSlices; ++sl) {
+      const float4 v = *reinterpret_cast<const float4*>(obuf + (sl * kMaxRows + r) * kOS + d);
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    const float4 val = make_float4(acc.x * factor, acc.y * factor, acc.z * factor, acc.w * factor);
     const int64_t hrow = hrow_of(r);
     // m_all is in log2 units (the logits were scaled by log2(e)).
     const float m_nat = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;
     if (direct_out) {
       // V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6).
-      static_cast<T*>(p.out)[hrow * D + d] = FromFloat<T>(val * (l_all / (l_all + 1e-6f)));
+      const float w = l_all / (l_all + 1e-6f);
+      T* out = static_cast<T*>(p.out) + hrow * D + d;
+      out[0] = FromFloat<T>(val.x * w);
+      out[1] = FromFloat<T>(val.y * w);
+      out[2] = FromFloat<T>(val.z * w);
+      out[3] = FromFloat<T>(val.w * w);
       if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);
     } else {
-      p.tmp_out[(hrow * P + part) * D + d] = val;
+      *reinterpret_cast<float4*>(p.tmp_out + (hrow * P + part) * D + d) = val;
       if (d == 0) {
         p.max_logits[hrow * P + part] = m_nat;
         p.exp_sums[hrow * P + part] = l_all;

@@ -44,6 +44,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "dtypes.cuh"
@@ -227,6 +228,21 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t four, uint32_t& lo, uint
         "cvt.rn.f16x2.e4m3x2 %0, l16;\n\tcvt.rn.f16x2.e4m3x2 %1, h16;\n\t}"
         : "=r"(lo), "=r"(hi)
         : "r"(four));
+  }
+}
+
+// Four consecutive outputs as one store (8 bytes for 16-bit T, 16 for f32):
+// `dst` is aligned to four elements (out is 16-byte aligned, D % 8 == 0).
+template <typename T>
+__device__ __forceinline__ void StoreFour(T* dst, float4 v) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float4*>(dst) = v;
+  } else {
+    static_assert(sizeof(T) == 2, "16-bit or 32-bit outputs");
+    const T t[4] = {FromFloat<T>(v.x), FromFloat<T>(v.y), FromFloat<T>(v.z), FromFloat<T>(v.w)};
+    uint16_t b[4];
+    memcpy(b, t, sizeof(b));
+    *reinterpret_cast<uint2*>(dst) = make_uint2(b[0] | (uint32_t{b[1]} << 16), b[2] | (uint32_t{b[3]} << 16));
   }
 }
 
@@ -988,10 +1004,14 @@ __global__ void __launch_bounds__(
       // V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6).
       const float w = l_all / (l_all + 1e-6f);
       T* out = static_cast<T*>(p.out) + hrow * D + d;
+#ifdef JAX_PAGED_PACKED_OUT
+      StoreFour(out, make_float4(val.x * w, val.y * w, val.z * w, val.w * w));
+#else
       out[0] = FromFloat<T>(val.x * w);
       out[1] = FromFloat<T>(val.y * w);
       out[2] = FromFloat<T>(val.z * w);
       out[3] = FromFloat<T>(val.w * w);
+#endif
       if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);
     } else {
       *reinterpret_cast<float4*>(p.tmp_out + (hrow * P + part) * D + d) = val;

@@ -22,8 +22,6 @@ import os
 import re
 import sys
 
-import numpy as np
-
 import jax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,9 +59,7 @@ def main() -> int:
                 nbytes //= 2
             elif kv.startswith("cap"):
                 kwargs = dict(soft_cap=float(kv[3:]))
-            truth = bench.block(bench.ground_truth(q, *vsets[0], scale, **{
-                k: v for k, v in dict(soft_cap=kwargs.get("soft_cap"), k_scale=kwargs.get("k_scale"),
-                                      v_scale=kwargs.get("v_scale")).items() if v is not None}))
+            truth = bench.block(bench.ground_truth(q, *vsets[0], scale, **kwargs))
             step = bench.jax_paged_step(jp, cli.impl, scale, 512, **kwargs)
             line = []
             for size in cli.sizes.split(","):
@@ -95,5 +91,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     sys.exit(main())

@@ -98,11 +98,11 @@ def main() -> int:
         ns_per_cycle = float(np.median((loop_end - entry) / np.maximum(cyc_loop, 1)))
         print(f"  loop end -> exit, cycles  {pct(cyc_epi * 1e3)} (x 1e3; "
               f"{ns_per_cycle:.3f} ns/cycle: {pct(cyc_epi * ns_per_cycle)} us)")
-        # Last exit per SM, sorted: a slow group of SMs (one GPC?) shows as a step.
+        # Last exit per SM (np.unique: in SM-id order): a slow group of SMs shows as a run.
         last = np.array([exit_[sm == s].max() for s in np.unique(sm)])
         print(f"  SMs' last exit before the kernel's: {pct(t_end - last, (0, 10, 25, 50, 75, 90, 100))}")
-        by_sm = sorted(zip(np.unique(sm).tolist(), ((t_end - last) / 1e3).round(1).tolist()))
         if i == 0:
+            by_sm = zip(np.unique(sm).tolist(), ((t_end - last) / 1e3).round(1).tolist())
             print("  per SM (id: us before the end):", " ".join(f"{a}:{b}" for a, b in by_sm))
     return 0
 

@@ -44,7 +44,6 @@
 #include <atomic>
 #include <cfloat>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "dtypes.cuh"
@@ -241,10 +240,7 @@ __device__ __forceinline__ void StoreFour(T* dst, float4 v) {
     *reinterpret_cast<float4*>(dst) = v;
   } else {
     static_assert(sizeof(T) == 2, "16-bit or 32-bit outputs");
-    const T t[4] = {FromFloat<T>(v.x), FromFloat<T>(v.y), FromFloat<T>(v.z), FromFloat<T>(v.w)};
-    uint16_t b[4];
-    memcpy(b, t, sizeof(b));
-    *reinterpret_cast<uint2*>(dst) = make_uint2(b[0] | (uint32_t{b[1]} << 16), b[2] | (uint32_t{b[3]} << 16));
+    *reinterpret_cast<uint2*>(dst) = make_uint2(PackPair<T>(v.x, v.y), PackPair<T>(v.z, v.w));
   }
 }
 

@@ -8,7 +8,9 @@
 # kernels with AB_CMAKE_ARGS (B); with each build
 # runs the GPU tests selected by AB_TESTS (B only by default: A is what gpu_check tests) and
 # the benchmark with AB_BENCH_ARGS; prints both benchmark summaries, B then A, each with
-# its own same-run copy bandwidth. Leaves the default build (A) installed.
+# its own same-run copy bandwidth. Leaves the default build (A) installed. With
+# AB_CMAKE_ARGS_C set, a third build C (A's options overridden by AB_CMAKE_ARGS_C,
+# e.g. B less one option, to attribute B's gain) runs between B and A (tested with AB_TEST_C=1).
 #
 # Environment: OUT (results: a.json b.json, logs; default ./out/ab), PYTHON (python3),
 #   AB_CMAKE_ARGS (required), AB_BENCH_ARGS (default: the B=1 and 8x8 issue-4 rows,
@@ -55,7 +57,13 @@ run_side() {  # $1: label (a or b), $2: CMAKE_ARGS, $3: run the tests (0/1)
 
 # B first, so that A, the default kernels, stays installed.
 run_side b "$AB_CMAKE_ARGS" 1
+C_CMAKE_ARGS=""
+if [ -n "${AB_CMAKE_ARGS_C:-}" ]; then
+  C_CMAKE_ARGS="$A_CMAKE_ARGS $AB_CMAKE_ARGS_C"  # the last -D of a name wins
+  run_side c "$C_CMAKE_ARGS" "${AB_TEST_C:-0}"
+fi
 run_side a "$A_CMAKE_ARGS" "${AB_TEST_A:-0}"
 echo
-echo "ab_build: A = $A_CMAKE_ARGS, B = $AB_CMAKE_ARGS; $([ "$FAILED" = 0 ] && echo "all steps ok" || echo "SOME STEPS FAILED")"
+echo "ab_build: A = $A_CMAKE_ARGS, B = $AB_CMAKE_ARGS${C_CMAKE_ARGS:+, C = $C_CMAKE_ARGS};" \
+  "$([ "$FAILED" = 0 ] && echo "all steps ok" || echo "SOME STEPS FAILED")"
 exit "$FAILED"

@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -51,6 +52,18 @@
 #include "launch.h"
 #include "paged_attention.cuh"  // PagedAttentionReduceKernel, EnsureSmemOptin
 #include "params.h"
+
+// Development option (CMake -DJAX_PAGED_FAST_LOGITS=ON, for an A/B on the
+// GPU): fp8 caches fold the softmax scale into the staged query, and the
+// logits of slices that need no mask skip the per-token tests.
+#ifndef JAX_PAGED_FAST_LOGITS
+#define JAX_PAGED_FAST_LOGITS 0
+#endif
+// -DJAX_PAGED_WIDE_K_LOADS=ON: fp8 caches load K with one 64-bit shared-memory
+// load per lane and 32 dims (see QPairSource).
+#ifndef JAX_PAGED_WIDE_K_LOADS
+#define JAX_PAGED_WIDE_K_LOADS 0
+#endif
 
 namespace jax_paged {
 namespace cuda {
@@ -167,6 +180,31 @@ __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
+}
+
+// Two packed 16-bit values (lo in the low half) widened to float.
+template <typename T>
+__device__ __forceinline__ float2 PairToFloat2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  }
+}
+
+// fp8 caches: the query pair (dims 2 src, 2 src + 1) staged as pair `lp` of
+// a row (the mma's k index 2 (lp % 8) of chunk lp / 8, pairs (j, j + 4) of a
+// chunk being one lane's; see the kernel's comment). One 32-bit K load per
+// lane and 16-dim chunk: chunk c's lane tq takes dims 16c + 4tq .. + 3. With
+// kWideK, one 64-bit load per lane and 32-dim pair of chunks (c, c + 1):
+// lane tq takes dims 32 (c / 2) + 8tq .. + 7, the first four for chunk c,
+// the others for c + 1; a tail chunk (D % 32 == 16) keeps the 32-bit form.
+template <int D, bool kWideK>
+__device__ __forceinline__ int QPairSource(int lp) {
+  const int j = lp & 7;
+  if (kWideK && lp < (D / 32) * 16)
+    return (lp & ~15) + 4 * (j & 3) + 2 * ((lp >> 3) & 1) + (j >> 2);
+  return (lp & ~7) + 2 * (j & 3) + (j >> 2);
 }
 
 // 2^x, results below 2^-126 flushed to 0 (they weigh nothing next to the
@@ -315,6 +353,8 @@ __global__ void __launch_bounds__(
   long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
+  // fp8 caches: 64-bit K loads (see QPairSource).
+  constexpr bool kWideK = kFp8 && JAX_PAGED_WIDE_K_LOADS;
   // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
   using TM = std::conditional_t<kFp8, __half, T>;
 
@@ -462,14 +502,55 @@ __global__ void __launch_bounds__(
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
     // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
     constexpr int kPairs = D / 2;
+#if JAX_PAGED_FAST_LOGITS
+    // The softmax scale (times k_scale, and log2(e) without a soft cap) is
+    // folded into the staged query, so that the plain loop's logits need no
+    // multiply (see kRawLogits). Staged: query * fold * q_scale in f16, with
+    // q_scale a power of two that puts the CTA's largest |query * fold| in
+    // [2^14, 2^15) (clamped to [2^-126, 2^64]; inf / NaN keep scale 1): no
+    // value overflows f16, and the sign of a negative scale is in the query.
+    const float fold = p.scale *
+                       (p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f) *
+                       (p.soft_cap > 0.0f ? 1.0f : kLog2e);
+    uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
+    float amax = 0.0f;
+    for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {
+      const int r = i / kPairs;
+      const int lp = i - r * kPairs;
+      const int src_pair = QPairSource<D, kWideK>(lp);
+      uint32_t v = 0u;
+      if (r < rows)
+        v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
+                                               2 * src_pair);
+      const float2 f = PairToFloat2<T>(v);
+      amax = fmaxf(amax, fmaxf(fabsf(f.x * fold), fabsf(f.y * fold)));
+      q_pairs[(r * C::kQStride) / 2 + lp] = v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) ml_s[warp] = amax;
+    __syncthreads();
+    amax = fmaxf(fmaxf(ml_s[0], ml_s[1]), fmaxf(ml_s[2], ml_s[3]));
+    if (amax > 0.0f && amax <= FLT_MAX) {
+      int e = 0;
+      (void)frexpf(amax, &e);  // amax < 2^e
+      q_scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
+    }
+    for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {  // this thread's own pairs
+      const int r = i / kPairs;
+      const int idx = (r * C::kQStride) / 2 + (i - r * kPairs);
+      const float2 f = PairToFloat2<T>(q_pairs[idx]);
+      const __half2 h = __floats2half2_rn(f.x * fold * q_scale, f.y * fold * q_scale);
+      q_pairs[idx] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+#else
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
     float amax = 0.0f;
     for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {
       const int r = i / kPairs;
       const int lp = i - r * kPairs;
-      const int j = lp & 7;
-      const int src_pair = (lp & ~7) + 2 * (j & 3) + (j >> 2);
+      const int src_pair = QPairSource<D, kWideK>(lp);
       uint32_t v = 0u;
       if (r < rows)
         v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
@@ -504,6 +585,7 @@ __global__ void __launch_bounds__(
         q_pairs[idx] = *reinterpret_cast<const uint32_t*>(&h);
       }
     }
+#endif
   } else {
     constexpr int kChunks = D / C::kQX;
     for (int i = tid; i < kMaxRows * kChunks; i += kThreads) {
@@ -536,7 +618,13 @@ __global__ void __launch_bounds__(
   const float soft_cap = p.soft_cap;
   // Without a soft cap the logits are computed directly in log2 units; with
   // one, in natural units, capped, then converted.
+#if JAX_PAGED_FAST_LOGITS
+  // fp8 caches: the staged query holds the scale (see the staging above).
+  const float qk_scale = kFp8 ? 1.0f / q_scale
+                              : p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
+#else
   const float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
+#endif
   const float cap_inv = soft_cap > 0.0f ? 1.0f / soft_cap : 0.0f;
   const float cap2 = soft_cap * kLog2e;
   // This lane's two rows: ALiBi slope (units of qk_scale) and token range.
@@ -557,6 +645,22 @@ __global__ void __launch_bounds__(
     }
   }
 
+#if JAX_PAGED_FAST_LOGITS
+  // The tokens every real row of this lane attends (padding rows: all; their
+  // results are never written), for the slices that need no range test.
+  int lane_start = 0, lane_end = INT_MAX;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (gid + 8 * r < rows) {
+      lane_start = max(lane_start, r_start[r]);
+      lane_end = min(lane_end, r_end[r]);
+    }
+  }
+  // fp8 plain decode: logits stay q.k in the staged query's units (the scale
+  // is folded into it; qk_scale = 1 / q_scale, a power of two) until the
+  // exponent's fma: one multiply less per logit.
+  constexpr bool kRawLogits = kPlain && kFp8;
+#endif
   float m_run[2] = {-FLT_MAX, -FLT_MAX};  // running max (log2 units), rows gid, gid + 8
   float l_run[2] = {0.0f, 0.0f};          // running sum (this lane's columns)
   float o[C::kNTiles][4];                 // O fragments, dims dim0 + nt * 8 + 2 tq (+1)
@@ -572,6 +676,7 @@ __global__ void __launch_bounds__(
   // ldmatrix rows (16-bit caches) or 32-bit loads (fp8 caches).
   uint32_t q_addr = 0, k_off = 0, k_tail_off = 0, v_off = 0;
   uint32_t k8_off[kSub] = {}, v8_off[kSub] = {};  // fp8: per sub-slice
+  uint32_t k8w_off[kSub] = {};  // fp8 with kWideK: per sub-slice
   // Element offsets of this lane's four tokens (f32 path).
   int kf_off[2][2] = {{0, 0}, {0, 0}};
   if constexpr (C::kMma) {
@@ -584,6 +689,9 @@ __global__ void __launch_bounds__(
       for (int h = 0; h < kSub; ++h) {
         const int tk = slice_tok + 16 * h + 4 * (gid >> 1) + (gid & 1);
         k8_off[h] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
+        if constexpr (kWideK)  // chunk tq / 2 of a pair, byte 8 (tq % 2)
+          k8w_off[h] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 8 * (tq & 1) +
+                       (tq >> 1) * 16 * BS;
         const int tv = slice_tok + 16 * h + 4 * tq;
         v8_off[h] = (tv >> log2_bs) * page_elems + (dim0 + gid) * BS + (tv & (BS - 1));
       }
@@ -620,6 +728,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
   for (int h = 0; h < kSub; ++h) {
     k8_off[h] = Opaque(k8_off[h]);
+    k8w_off[h] = Opaque(k8w_off[h]);
     v8_off[h] = Opaque(v8_off[h]);
   }
 
@@ -660,8 +769,27 @@ __global__ void __launch_bounds__(
           sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
       auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
       if constexpr (kFp8) {
+        constexpr int kWideChunks = kWideK ? (D / 32) * 2 : 0;  // chunks loaded 64 bits wide
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
+        for (int ks = 0; ks < kWideChunks; ks += 2) {
+          uint32_t a0[4], a1[4];
+          Ldsm4(a0, q_addr + ks * 32);  // shared by the sub-slices
+          Ldsm4(a1, q_addr + (ks + 1) * 32);
+#pragma unroll
+          for (int h = 0; h < kSub; ++h)
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              const uint2 raw =
+                  *reinterpret_cast<const uint2*>(kptr + k8w_off[h] + nt * 32 + ks * 16 * BS);
+              uint32_t b0, b1;
+              Fp8x4ToHalf2x2<TC>(raw.x, b0, b1);
+              Mma16816<TM>(sw[h][nt], a0, b0, b1);
+              Fp8x4ToHalf2x2<TC>(raw.y, b0, b1);
+              Mma16816<TM>(sw[h][nt], a1, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int ks = kWideChunks; ks < D / 16; ++ks) {
           uint32_t a[4];
           Ldsm4(a, q_addr + ks * 32);  // shared by the sub-slices
 #pragma unroll
@@ -717,6 +845,69 @@ __global__ void __launch_bounds__(
           qk(std::false_type{});
       }
 
+#if JAX_PAGED_FAST_LOGITS
+      // Logits (log2 units; kRawLogits: still to be multiplied by qk_scale)
+      // and the online softmax over this slice's tokens. Only slices where
+      // some token has no data, or (kPlain false) a row's range cuts the
+      // slice, test each token: the tests cost ~4 instructions per logit.
+      float mx[2] = {-INFINITY, -INFINITY};
+      // Bit b of lane_bits: token tok0 + b of the slice, tok0 = token_of(0, 0).
+      const uint32_t lane_bits = smask >> token_of(0, 0);
+      bool need_mask = smask != kFullMask;
+      if constexpr (!kPlain)
+        need_mask = need_mask || tbase < lane_start || tbase + kSliceTokens > lane_end;
+      auto logits = [&](auto kMasked) {
+#pragma unroll
+        for (int h = 0; h < kSub; ++h)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int j = 16 * h + token_of(nt, e);
+              const int r = e >> 1;
+              const int t = tbase + j;
+              float l;
+              if constexpr (kPlain) {
+                l = kRawLogits ? sw[h][nt][e] : sw[h][nt][e] * qk_scale;
+              } else {
+                l = fmaf(sw[h][nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
+                // (FastTanh, not tanhf; an earlier 1 - 2 / (exp(2x) + 1) form with
+                // expf and an IEEE divide measured slower than tanhf.)
+                if (soft_cap > 0.0f) l = cap2 * FastTanh(l * cap_inv);
+              }
+              if constexpr (decltype(kMasked)::value) {
+                bool keep = (lane_bits >> (j - token_of(0, 0))) & 1u;  // a constant shift
+                if constexpr (!kPlain) keep = keep && t >= r_start[r] && t < r_end[r];
+                if (!keep) l = -INFINITY;
+              }
+              sw[h][nt][e] = l;
+              mx[r] = fmaxf(mx[r], l);
+            }
+      };
+      if (need_mask)
+        logits(std::true_type{});
+      else
+        logits(std::false_type{});
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        if constexpr (kRawLogits) mx[r] *= qk_scale;  // a power of two: exact
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        alpha[r] = Exp2Ftz(m_run[r] - m_new);
+        m_run[r] = m_new;
+        l_run[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int h = 0; h < kSub; ++h)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sw[h][nt][e] = Exp2Ftz(kRawLogits ? fmaf(sw[h][nt][e], qk_scale, -m_run[e >> 1])
+                                              : sw[h][nt][e] - m_run[e >> 1]);
+#else
       // Logits (log2 units) and the online softmax over this slice's tokens.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -758,6 +949,7 @@ __global__ void __launch_bounds__(
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) sw[h][nt][e] = Exp2Ftz(sw[h][nt][e] - m_run[e >> 1]);
+#endif
       // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
       // fp8 path, bound by instruction issue, skips the multiplies when no
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static

@@ -438,6 +438,33 @@ def test_fp8_bf16_query_outside_the_f16_range(platform, cache_dtype, magnitude):
         compare(platform, inp, impl, scale=0.125 / magnitude)
 
 
+@pytest.mark.parametrize("cache_dtype,query_dtype,scale,k_scale", [
+    (jnp.bfloat16, jnp.bfloat16, -0.125, None),
+    (jnp.bfloat16, jnp.bfloat16, 0.0, None),
+    (jnp.float8_e4m3fn, jnp.bfloat16, -0.125, None),
+    (jnp.float8_e4m3fn, jnp.float16, -0.125, None),
+    (jnp.float8_e4m3fn, jnp.bfloat16, 0.0, None),
+    (jnp.float8_e5m2, jnp.float16, 0.125, [-0.5, 1.5]),
+    (jnp.float8_e4m3fn, jnp.bfloat16, 0.125, [0.0, 0.75]),
+], ids=["bf16-neg", "bf16-zero", "e4m3-bf16q-neg", "e4m3-f16q-neg", "e4m3-zero",
+        "e5m2-neg-head", "e4m3-zero-head"])
+def test_negative_and_zero_scales(platform, cache_dtype, query_dtype, scale, k_scale):
+    """A negative or zero softmax scale (or a per-head k_scale of either
+    sign) is legal and matches the reference in every kernel, lse included:
+    the grouped CUDA kernel's fp8 decode path stages the sign in the query
+    and keeps the logits unscaled until the exponent (a zero scale gives
+    uniform weights, lse = log(L))."""
+    rng = np.random.default_rng(41)
+    inp = make_inputs(rng, [1, 31, 513, 700], 8, 2, 64, 16, cache_dtype, query_dtype=query_dtype)
+    kw = {} if k_scale is None else dict(k_scale=np.asarray(k_scale, np.float32))
+    for impl in IMPLS:
+        out, lse = compare(platform, inp, impl, scale=scale, return_lse=True, **kw)
+        assert np.all(np.isfinite(np.asarray(out, np.float32))), impl
+    if scale == 0.0:
+        np.testing.assert_allclose(np.asarray(lse)[:, 0], np.log([1, 31, 513, 700]),
+                                   atol=2e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3fn", "e5m2"])
 @pytest.mark.parametrize("key_dtype", [np.float32, jnp.bfloat16])
 @pytest.mark.parametrize("scale_kind", [None, "scalar", "per_head"])

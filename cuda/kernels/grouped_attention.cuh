@@ -54,15 +54,10 @@
 #include "params.h"
 
 // Development option (CMake -DJAX_PAGED_FAST_LOGITS=ON, for an A/B on the
-// GPU): fp8 caches fold the softmax scale into the staged query, and the
-// logits of slices that need no mask skip the per-token tests.
+// GPU): slices that need no mask skip the per-token tests, and fp8 plain
+// decode keeps raw logits until the exponent's fma (kRawLogits).
 #ifndef JAX_PAGED_FAST_LOGITS
 #define JAX_PAGED_FAST_LOGITS 0
-#endif
-// -DJAX_PAGED_WIDE_K_LOADS=ON: fp8 caches load K with one 64-bit shared-memory
-// load per lane and 32 dims (see QPairSource).
-#ifndef JAX_PAGED_WIDE_K_LOADS
-#define JAX_PAGED_WIDE_K_LOADS 0
 #endif
 
 namespace jax_paged {
@@ -180,31 +175,6 @@ __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
-}
-
-// Two packed 16-bit values (lo in the low half) widened to float.
-template <typename T>
-__device__ __forceinline__ float2 PairToFloat2(uint32_t v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-  } else {
-    return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  }
-}
-
-// fp8 caches: the query pair (dims 2 src, 2 src + 1) staged as pair `lp` of
-// a row (the mma's k index 2 (lp % 8) of chunk lp / 8, pairs (j, j + 4) of a
-// chunk being one lane's; see the kernel's comment). One 32-bit K load per
-// lane and 16-dim chunk: chunk c's lane tq takes dims 16c + 4tq .. + 3. With
-// kWideK, one 64-bit load per lane and 32-dim pair of chunks (c, c + 1):
-// lane tq takes dims 32 (c / 2) + 8tq .. + 7, the first four for chunk c,
-// the others for c + 1; a tail chunk (D % 32 == 16) keeps the 32-bit form.
-template <int D, bool kWideK>
-__device__ __forceinline__ int QPairSource(int lp) {
-  const int j = lp & 7;
-  if (kWideK && lp < (D / 32) * 16)
-    return (lp & ~15) + 4 * (j & 3) + 2 * ((lp >> 3) & 1) + (j >> 2);
-  return (lp & ~7) + 2 * (j & 3) + (j >> 2);
 }
 
 // 2^x, results below 2^-126 flushed to 0 (they weigh nothing next to the
@@ -353,8 +323,10 @@ __global__ void __launch_bounds__(
   long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
-  // fp8 caches: 64-bit K loads (see QPairSource).
-  constexpr bool kWideK = kFp8 && JAX_PAGED_WIDE_K_LOADS;
+  // fp8 plain decode: logits stay q.k in the staged query's units until the
+  // exponent's fma (p = 2^(s * qk_scale - m)), one multiply less per logit:
+  // needs qk_scale > 0 (the scale's sign is staged in the query).
+  constexpr bool kRawLogits = kPlain && kFp8 && JAX_PAGED_FAST_LOGITS;
   // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
   using TM = std::conditional_t<kFp8, __half, T>;
 
@@ -502,59 +474,23 @@ __global__ void __launch_bounds__(
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
     // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
     constexpr int kPairs = D / 2;
-#if JAX_PAGED_FAST_LOGITS
-    // The softmax scale (times k_scale, and log2(e) without a soft cap) is
-    // folded into the staged query, so that the plain loop's logits need no
-    // multiply (see kRawLogits). Staged: query * fold * q_scale in f16, with
-    // q_scale a power of two that puts the CTA's largest |query * fold| in
-    // [2^14, 2^15) (clamped to [2^-126, 2^64]; inf / NaN keep scale 1): no
-    // value overflows f16, and the sign of a negative scale is in the query.
-    const float fold = p.scale *
-                       (p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f) *
-                       (p.soft_cap > 0.0f ? 1.0f : kLog2e);
-    uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
-    float amax = 0.0f;
-    for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {
-      const int r = i / kPairs;
-      const int lp = i - r * kPairs;
-      const int src_pair = QPairSource<D, kWideK>(lp);
-      uint32_t v = 0u;
-      if (r < rows)
-        v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
-                                               2 * src_pair);
-      const float2 f = PairToFloat2<T>(v);
-      amax = fmaxf(amax, fmaxf(fabsf(f.x * fold), fabsf(f.y * fold)));
-      q_pairs[(r * C::kQStride) / 2 + lp] = v;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) ml_s[warp] = amax;
-    __syncthreads();
-    amax = fmaxf(fmaxf(ml_s[0], ml_s[1]), fmaxf(ml_s[2], ml_s[3]));
-    if (amax > 0.0f && amax <= FLT_MAX) {
-      int e = 0;
-      (void)frexpf(amax, &e);  // amax < 2^e
-      q_scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
-    }
-    for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {  // this thread's own pairs
-      const int r = i / kPairs;
-      const int idx = (r * C::kQStride) / 2 + (i - r * kPairs);
-      const float2 f = PairToFloat2<T>(q_pairs[idx]);
-      const __half2 h = __floats2half2_rn(f.x * fold * q_scale, f.y * fold * q_scale);
-      q_pairs[idx] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-#else
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
+    // kRawLogits: a negative scale's sign goes into the staged query (an
+    // exact negation of both halves), so that qk_scale is positive.
+    const float k_scale_of_head =
+        p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f;
+    const uint32_t sign_flip = kRawLogits && p.scale * k_scale_of_head < 0.0f ? 0x80008000u : 0u;
     float amax = 0.0f;
     for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {
       const int r = i / kPairs;
       const int lp = i - r * kPairs;
-      const int src_pair = QPairSource<D, kWideK>(lp);
+      const int j = lp & 7;
+      const int src_pair = (lp & ~7) + 2 * (j & 3) + (j >> 2);
       uint32_t v = 0u;
       if (r < rows)
         v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
-                                               2 * src_pair);
+                                               2 * src_pair) ^ sign_flip;
       if constexpr (kBf16) {
         const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
         amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
@@ -585,7 +521,6 @@ __global__ void __launch_bounds__(
         q_pairs[idx] = *reinterpret_cast<const uint32_t*>(&h);
       }
     }
-#endif
   } else {
     constexpr int kChunks = D / C::kQX;
     for (int i = tid; i < kMaxRows * kChunks; i += kThreads) {
@@ -618,13 +553,14 @@ __global__ void __launch_bounds__(
   const float soft_cap = p.soft_cap;
   // Without a soft cap the logits are computed directly in log2 units; with
   // one, in natural units, capped, then converted.
-#if JAX_PAGED_FAST_LOGITS
-  // fp8 caches: the staged query holds the scale (see the staging above).
-  const float qk_scale = kFp8 ? 1.0f / q_scale
-                              : p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
-#else
-  const float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
-#endif
+  float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
+  if constexpr (kRawLogits) {
+    // The sign is in the staged query; a zero scale becomes the smallest
+    // normal one (logits ~1e-30 instead of 0, so that a masked -inf times it
+    // stays -inf, not NaN); NaN stays NaN.
+    qk_scale = fabsf(qk_scale);
+    if (qk_scale < FLT_MIN) qk_scale = FLT_MIN;
+  }
   const float cap_inv = soft_cap > 0.0f ? 1.0f / soft_cap : 0.0f;
   const float cap2 = soft_cap * kLog2e;
   // This lane's two rows: ALiBi slope (units of qk_scale) and token range.
@@ -656,10 +592,6 @@ __global__ void __launch_bounds__(
       lane_end = min(lane_end, r_end[r]);
     }
   }
-  // fp8 plain decode: logits stay q.k in the staged query's units (the scale
-  // is folded into it; qk_scale = 1 / q_scale, a power of two) until the
-  // exponent's fma: one multiply less per logit.
-  constexpr bool kRawLogits = kPlain && kFp8;
 #endif
   float m_run[2] = {-FLT_MAX, -FLT_MAX};  // running max (log2 units), rows gid, gid + 8
   float l_run[2] = {0.0f, 0.0f};          // running sum (this lane's columns)
@@ -676,7 +608,6 @@ __global__ void __launch_bounds__(
   // ldmatrix rows (16-bit caches) or 32-bit loads (fp8 caches).
   uint32_t q_addr = 0, k_off = 0, k_tail_off = 0, v_off = 0;
   uint32_t k8_off[kSub] = {}, v8_off[kSub] = {};  // fp8: per sub-slice
-  uint32_t k8w_off[kSub] = {};  // fp8 with kWideK: per sub-slice
   // Element offsets of this lane's four tokens (f32 path).
   int kf_off[2][2] = {{0, 0}, {0, 0}};
   if constexpr (C::kMma) {
@@ -689,9 +620,6 @@ __global__ void __launch_bounds__(
       for (int h = 0; h < kSub; ++h) {
         const int tk = slice_tok + 16 * h + 4 * (gid >> 1) + (gid & 1);
         k8_off[h] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
-        if constexpr (kWideK)  // chunk tq / 2 of a pair, byte 8 (tq % 2)
-          k8w_off[h] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 8 * (tq & 1) +
-                       (tq >> 1) * 16 * BS;
         const int tv = slice_tok + 16 * h + 4 * tq;
         v8_off[h] = (tv >> log2_bs) * page_elems + (dim0 + gid) * BS + (tv & (BS - 1));
       }
@@ -728,7 +656,6 @@ __global__ void __launch_bounds__(
 #pragma unroll
   for (int h = 0; h < kSub; ++h) {
     k8_off[h] = Opaque(k8_off[h]);
-    k8w_off[h] = Opaque(k8w_off[h]);
     v8_off[h] = Opaque(v8_off[h]);
   }
 
@@ -769,27 +696,8 @@ __global__ void __launch_bounds__(
           sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
       auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
       if constexpr (kFp8) {
-        constexpr int kWideChunks = kWideK ? (D / 32) * 2 : 0;  // chunks loaded 64 bits wide
 #pragma unroll
-        for (int ks = 0; ks < kWideChunks; ks += 2) {
-          uint32_t a0[4], a1[4];
-          Ldsm4(a0, q_addr + ks * 32);  // shared by the sub-slices
-          Ldsm4(a1, q_addr + (ks + 1) * 32);
-#pragma unroll
-          for (int h = 0; h < kSub; ++h)
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-              const uint2 raw =
-                  *reinterpret_cast<const uint2*>(kptr + k8w_off[h] + nt * 32 + ks * 16 * BS);
-              uint32_t b0, b1;
-              Fp8x4ToHalf2x2<TC>(raw.x, b0, b1);
-              Mma16816<TM>(sw[h][nt], a0, b0, b1);
-              Fp8x4ToHalf2x2<TC>(raw.y, b0, b1);
-              Mma16816<TM>(sw[h][nt], a1, b0, b1);
-            }
-        }
-#pragma unroll
-        for (int ks = kWideChunks; ks < D / 16; ++ks) {
+        for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t a[4];
           Ldsm4(a, q_addr + ks * 32);  // shared by the sub-slices
 #pragma unroll
@@ -893,7 +801,8 @@ __global__ void __launch_bounds__(
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        if constexpr (kRawLogits) mx[r] *= qk_scale;  // a power of two: exact
+        // (qk_scale > 0: the maximum of the products is the product of the maximum.)
+        if constexpr (kRawLogits) mx[r] *= qk_scale;
         const float m_new = fmaxf(m_run[r], mx[r]);
         alpha[r] = Exp2Ftz(m_run[r] - m_new);
         m_run[r] = m_new;

@@ -391,9 +391,6 @@ __global__ void __launch_bounds__(kAttnThreads)
 // kernel has finished, so nothing written by it is read before
 // GridDependencyWait().
 constexpr int kMaxReduceRows = 2;  // head_size <= 2 * kAttnThreads
-#ifndef JAX_PAGED_REDUCE64
-#define JAX_PAGED_REDUCE64 0
-#endif
 
 // kChunk: partitions per round of loads, (2 + kRows) * kChunk values in
 // registers (LaunchReduce picks a small chunk, and so more resident CTAs, when
@@ -478,15 +475,8 @@ cudaError_t LaunchReduce(const PagedAttentionParams& p, int seq_base, int n, boo
   // (128 registers); 8 partitions or fewer per row need fewer registers.
   const bool one_row = p.head_size <= kAttnThreads;
   const bool few_parts = p.max_num_partitions <= 8;
-#if JAX_PAGED_REDUCE64
-  // (Development option: one round of loads for up to 64 partitions.)
-  auto kernel = one_row ? (few_parts ? PagedAttentionReduceKernel<T, 1, 8>
-                           : p.max_num_partitions > 40 ? PagedAttentionReduceKernel<T, 1, 64>
-                                                       : PagedAttentionReduceKernel<T, 1, 40>)
-#else
   auto kernel = one_row ? (few_parts ? PagedAttentionReduceKernel<T, 1, 8>
                                      : PagedAttentionReduceKernel<T, 1, 40>)
-#endif
                         : (few_parts ? PagedAttentionReduceKernel<T, kMaxReduceRows, 8>
                                      : PagedAttentionReduceKernel<T, kMaxReduceRows, 16>);
   return LaunchKernel(kernel, grid, dim3(kAttnThreads), 0, stream, pdl, p, seq_base);

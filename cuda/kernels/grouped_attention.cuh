@@ -43,7 +43,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
-#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -53,11 +52,10 @@
 #include "paged_attention.cuh"  // PagedAttentionReduceKernel, EnsureSmemOptin
 #include "params.h"
 
-// Development option (CMake -DJAX_PAGED_FAST_LOGITS=ON, for an A/B on the
-// GPU): slices that need no mask skip the per-token tests, and fp8 plain
-// decode keeps raw logits until the exponent's fma (kRawLogits).
-#ifndef JAX_PAGED_FAST_LOGITS
-#define JAX_PAGED_FAST_LOGITS 0
+// Development option (CMake -DJAX_PAGED_PAIR_PREFETCH=ON, for an A/B on the
+// GPU): L2 prefetch of neighbouring KV heads' small pages (see the kernel).
+#ifndef JAX_PAGED_PAIR_PREFETCH
+#define JAX_PAGED_PAIR_PREFETCH 0
 #endif
 
 namespace jax_paged {
@@ -116,6 +114,12 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
+#if JAX_PAGED_PAIR_PREFETCH
+// Global -> L2 bulk prefetch of `bytes` (multiple of 16, 16-byte aligned).
+__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+#endif
 #endif  // JAX_PAGED_GROUPED_SM90
 
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
@@ -323,10 +327,6 @@ __global__ void __launch_bounds__(
   long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
-  // fp8 plain decode: logits stay q.k in the staged query's units until the
-  // exponent's fma (p = 2^(s * qk_scale - m)), one multiply less per logit:
-  // needs qk_scale > 0 (the scale's sign is staged in the query).
-  constexpr bool kRawLogits = kPlain && kFp8 && JAX_PAGED_FAST_LOGITS;
   // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
   using TM = std::conditional_t<kFp8, __half, T>;
 
@@ -429,6 +429,18 @@ __global__ void __launch_bounds__(
   const TC* key_cache = static_cast<const TC*>(p.key_cache);
   const TC* value_cache = static_cast<const TC*>(p.value_cache);
 
+#if JAX_PAGED_PAIR_PREFETCH
+  // Development option: pages under 2 KB (one KV head's K or V of a block)
+  // are small HBM reads; the first CTA of every G = 2 KB / page_bytes KV heads
+  // also asks L2 for the next G - 1 heads' pages of each block it copies
+  // (contiguous after its own), so that HBM sees one 2 KB read where it saw
+  // G scattered ones; those heads' CTAs then find them in L2 (or in flight).
+  const int prefetch_group = page_bytes < 2048u ? static_cast<int>(2048u / page_bytes) : 1;
+  const uint32_t prefetch_bytes =
+      prefetch_group > 1 && chunk == 0 && kv_head % prefetch_group == 0
+          ? static_cast<uint32_t>(min(prefetch_group, p.num_kv_heads - kv_head) - 1) * page_bytes
+          : 0u;
+#endif
   auto load_entry = [&](int tile) -> int32_t {
     const int blk = start_blk + tile * ppt + lane;
     return (lane < ppt && blk < end_blk) ? table[blk] : -1;
@@ -451,6 +463,12 @@ __global__ void __launch_bounds__(
                            static_cast<uint32_t>(lane) * page_bytes;
       BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
       BulkCopyG2S(dst + C::kTileElems * sizeof(TC), value_cache + src, page_bytes, bar);
+#if JAX_PAGED_PAIR_PREFETCH
+      if (prefetch_bytes > 0u) {
+        BulkPrefetchL2(key_cache + src + page_elems, prefetch_bytes);
+        BulkPrefetchL2(value_cache + src + page_elems, prefetch_bytes);
+      }
+#endif
     }
   };
 
@@ -476,11 +494,6 @@ __global__ void __launch_bounds__(
     constexpr int kPairs = D / 2;
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
-    // kRawLogits: a negative scale's sign goes into the staged query (an
-    // exact negation of both halves), so that qk_scale is positive.
-    const float k_scale_of_head =
-        p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f;
-    const uint32_t sign_flip = kRawLogits && p.scale * k_scale_of_head < 0.0f ? 0x80008000u : 0u;
     float amax = 0.0f;
     for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {
       const int r = i / kPairs;
@@ -490,7 +503,7 @@ __global__ void __launch_bounds__(
       uint32_t v = 0u;
       if (r < rows)
         v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
-                                               2 * src_pair) ^ sign_flip;
+                                               2 * src_pair);
       if constexpr (kBf16) {
         const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
         amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
@@ -553,14 +566,7 @@ __global__ void __launch_bounds__(
   const float soft_cap = p.soft_cap;
   // Without a soft cap the logits are computed directly in log2 units; with
   // one, in natural units, capped, then converted.
-  float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
-  if constexpr (kRawLogits) {
-    // The sign is in the staged query; a zero scale becomes the smallest
-    // normal one (logits ~1e-30 instead of 0, so that a masked -inf times it
-    // stays -inf, not NaN); NaN stays NaN.
-    qk_scale = fabsf(qk_scale);
-    if (qk_scale < FLT_MIN) qk_scale = FLT_MIN;
-  }
+  const float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
   const float cap_inv = soft_cap > 0.0f ? 1.0f / soft_cap : 0.0f;
   const float cap2 = soft_cap * kLog2e;
   // This lane's two rows: ALiBi slope (units of qk_scale) and token range.
@@ -581,18 +587,6 @@ __global__ void __launch_bounds__(
     }
   }
 
-#if JAX_PAGED_FAST_LOGITS
-  // The tokens every real row of this lane attends (padding rows: all; their
-  // results are never written), for the slices that need no range test.
-  int lane_start = 0, lane_end = INT_MAX;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (gid + 8 * r < rows) {
-      lane_start = max(lane_start, r_start[r]);
-      lane_end = min(lane_end, r_end[r]);
-    }
-  }
-#endif
   float m_run[2] = {-FLT_MAX, -FLT_MAX};  // running max (log2 units), rows gid, gid + 8
   float l_run[2] = {0.0f, 0.0f};          // running sum (this lane's columns)
   float o[C::kNTiles][4];                 // O fragments, dims dim0 + nt * 8 + 2 tq (+1)
@@ -753,70 +747,6 @@ __global__ void __launch_bounds__(
           qk(std::false_type{});
       }
 
-#if JAX_PAGED_FAST_LOGITS
-      // Logits (log2 units; kRawLogits: still to be multiplied by qk_scale)
-      // and the online softmax over this slice's tokens. Only slices where
-      // some token has no data, or (kPlain false) a row's range cuts the
-      // slice, test each token: the tests cost ~4 instructions per logit.
-      float mx[2] = {-INFINITY, -INFINITY};
-      // Bit b of lane_bits: token tok0 + b of the slice, tok0 = token_of(0, 0).
-      const uint32_t lane_bits = smask >> token_of(0, 0);
-      bool need_mask = smask != kFullMask;
-      if constexpr (!kPlain)
-        need_mask = need_mask || tbase < lane_start || tbase + kSliceTokens > lane_end;
-      auto logits = [&](auto kMasked) {
-#pragma unroll
-        for (int h = 0; h < kSub; ++h)
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int j = 16 * h + token_of(nt, e);
-              const int r = e >> 1;
-              const int t = tbase + j;
-              float l;
-              if constexpr (kPlain) {
-                l = kRawLogits ? sw[h][nt][e] : sw[h][nt][e] * qk_scale;
-              } else {
-                l = fmaf(sw[h][nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
-                // (FastTanh, not tanhf; an earlier 1 - 2 / (exp(2x) + 1) form with
-                // expf and an IEEE divide measured slower than tanhf.)
-                if (soft_cap > 0.0f) l = cap2 * FastTanh(l * cap_inv);
-              }
-              if constexpr (decltype(kMasked)::value) {
-                bool keep = (lane_bits >> (j - token_of(0, 0))) & 1u;  // a constant shift
-                if constexpr (!kPlain) keep = keep && t >= r_start[r] && t < r_end[r];
-                if (!keep) l = -INFINITY;
-              }
-              sw[h][nt][e] = l;
-              mx[r] = fmaxf(mx[r], l);
-            }
-      };
-      if (need_mask)
-        logits(std::true_type{});
-      else
-        logits(std::false_type{});
-      float alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        // (qk_scale > 0: the maximum of the products is the product of the maximum.)
-        if constexpr (kRawLogits) mx[r] *= qk_scale;
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        alpha[r] = Exp2Ftz(m_run[r] - m_new);
-        m_run[r] = m_new;
-        l_run[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int h = 0; h < kSub; ++h)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sw[h][nt][e] = Exp2Ftz(kRawLogits ? fmaf(sw[h][nt][e], qk_scale, -m_run[e >> 1])
-                                              : sw[h][nt][e] - m_run[e >> 1]);
-#else
       // Logits (log2 units) and the online softmax over this slice's tokens.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -858,7 +788,6 @@ __global__ void __launch_bounds__(
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) sw[h][nt][e] = Exp2Ftz(sw[h][nt][e] - m_run[e >> 1]);
-#endif
       // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
       // fp8 path, bound by instruction issue, skips the multiplies when no
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static

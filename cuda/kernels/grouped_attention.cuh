@@ -52,12 +52,6 @@
 #include "paged_attention.cuh"  // PagedAttentionReduceKernel, EnsureSmemOptin
 #include "params.h"
 
-// Development option (CMake -DJAX_PAGED_PAIR_PREFETCH=ON, for an A/B on the
-// GPU): L2 prefetch of neighbouring KV heads' small pages (see the kernel).
-#ifndef JAX_PAGED_PAIR_PREFETCH
-#define JAX_PAGED_PAIR_PREFETCH 0
-#endif
-
 namespace jax_paged {
 namespace cuda {
 namespace grouped {
@@ -114,12 +108,6 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
-#if JAX_PAGED_PAIR_PREFETCH
-// Global -> L2 bulk prefetch of `bytes` (multiple of 16, 16-byte aligned).
-__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-#endif
 #endif  // JAX_PAGED_GROUPED_SM90
 
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
@@ -429,18 +417,6 @@ __global__ void __launch_bounds__(
   const TC* key_cache = static_cast<const TC*>(p.key_cache);
   const TC* value_cache = static_cast<const TC*>(p.value_cache);
 
-#if JAX_PAGED_PAIR_PREFETCH
-  // Development option: pages under 2 KB (one KV head's K or V of a block)
-  // are small HBM reads; the first CTA of every G = 2 KB / page_bytes KV heads
-  // also asks L2 for the next G - 1 heads' pages of each block it copies
-  // (contiguous after its own), so that HBM sees one 2 KB read where it saw
-  // G scattered ones; those heads' CTAs then find them in L2 (or in flight).
-  const int prefetch_group = page_bytes < 2048u ? static_cast<int>(2048u / page_bytes) : 1;
-  const uint32_t prefetch_bytes =
-      prefetch_group > 1 && chunk == 0 && kv_head % prefetch_group == 0
-          ? static_cast<uint32_t>(min(prefetch_group, p.num_kv_heads - kv_head) - 1) * page_bytes
-          : 0u;
-#endif
   auto load_entry = [&](int tile) -> int32_t {
     const int blk = start_blk + tile * ppt + lane;
     return (lane < ppt && blk < end_blk) ? table[blk] : -1;
@@ -463,12 +439,6 @@ __global__ void __launch_bounds__(
                            static_cast<uint32_t>(lane) * page_bytes;
       BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
       BulkCopyG2S(dst + C::kTileElems * sizeof(TC), value_cache + src, page_bytes, bar);
-#if JAX_PAGED_PAIR_PREFETCH
-      if (prefetch_bytes > 0u) {
-        BulkPrefetchL2(key_cache + src + page_elems, prefetch_bytes);
-        BulkPrefetchL2(value_cache + src + page_elems, prefetch_bytes);
-      }
-#endif
     }
   };
 

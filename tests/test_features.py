@@ -450,10 +450,12 @@ def test_fp8_bf16_query_outside_the_f16_range(platform, cache_dtype, magnitude):
         "e5m2-neg-head", "e4m3-zero-head"])
 def test_negative_and_zero_scales(platform, cache_dtype, query_dtype, scale, k_scale):
     """A negative or zero softmax scale (or a per-head k_scale of either
-    sign) is legal and matches the reference in every kernel, lse included:
-    the grouped CUDA kernel's fp8 decode path stages the sign in the query
-    and keeps the logits unscaled until the exponent (a zero scale gives
-    uniform weights, lse = log(L))."""
+    sign) is legal and matches the reference in every kernel, lse included
+    (a zero scale gives uniform weights, lse = log(L)). Guards kernels that
+    reorder the scale's multiply: a variant of the grouped kernel that kept
+    fp8 logits unscaled until the exponent needed the scale's sign staged in
+    the query and a zero scale kept away from 0 * -inf (BENCHMARKS.md, eighth
+    session)."""
     rng = np.random.default_rng(41)
     inp = make_inputs(rng, [1, 31, 513, 700], 8, 2, 64, 16, cache_dtype, query_dtype=query_dtype)
     kw = {} if k_scale is None else dict(k_scale=np.asarray(k_scale, np.float32))

@@ -12,7 +12,7 @@
 # AB_CMAKE_ARGS_C set, a third build C (A's options overridden by AB_CMAKE_ARGS_C,
 # e.g. B less one option, to attribute B's gain) runs between B and A (tested with AB_TEST_C=1).
 #
-# Environment: OUT (results: a.json b.json, logs; default ./out/ab), PYTHON (python3),
+# Environment: OUT (results: a.json b.json [c.json], logs; default ./out/ab), PYTHON (python3),
 #   AB_CMAKE_ARGS (required), AB_BENCH_ARGS (default: the B=1 and 8x8 issue-4 rows,
 #   no Pallas, no reference), AB_TESTS (default "-q -k 'gpu and grouped'"; empty: none),
 #   AB_TEST_A=1 to test build A too, AB_TEST_JOBS (concurrent test shards, default 4:

@@ -462,9 +462,9 @@ def test_negative_and_zero_scales(platform, cache_dtype, query_dtype, scale, k_s
     for impl in IMPLS:
         out, lse = compare(platform, inp, impl, scale=scale, return_lse=True, **kw)
         assert np.all(np.isfinite(np.asarray(out, np.float32))), impl
-    if scale == 0.0:
-        np.testing.assert_allclose(np.asarray(lse)[:, 0], np.log([1, 31, 513, 700]),
-                                   atol=2e-5, rtol=1e-5)
+        if scale == 0.0:
+            np.testing.assert_allclose(np.asarray(lse)[:, 0], np.log([1, 31, 513, 700]),
+                                       atol=2e-5, rtol=1e-5, err_msg=impl)
 
 
 @pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3fn", "e5m2"])

@@ -10,7 +10,6 @@
 #include "dtypes.cuh"
 #include "launch.h"
 #include "params.h"
-#include "pdl.cuh"
 
 namespace jax_paged {
 namespace cuda {
@@ -43,10 +42,6 @@ __global__ void __launch_bounds__(kCacheThreads)
   constexpr bool kQuant = !std::is_same_v<TIN, TC>;
   static_assert(!kQuant || sizeof(TC) == 1, "a cache of another dtype is fp8");
   constexpr int X = 16 / static_cast<int>(sizeof(TC));
-  // The attention kernel that usually follows may be scheduled now (it
-  // prefetches its pages into L2 and waits for this grid before it reads the
-  // caches): saves its launch latency in a decode step.
-  AllowDependentLaunch();
   const int64_t token = blockIdx.x;
   const int64_t slot = p.slot_mapping[token];
   const int64_t B = p.block_size;

@@ -108,12 +108,6 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
-// Asks L2 to fetch [src, src + bytes) (16-byte aligned, a multiple of 16
-// bytes). A hint: it changes no data, so it may run before
-// griddepcontrol.wait on any address inside a buffer.
-__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
 #endif  // JAX_PAGED_GROUPED_SM90
 
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
@@ -376,31 +370,6 @@ __global__ void __launch_bounds__(
       std::max<int64_t>(part_blk64, static_cast<int64_t>(first_range.start >> log2_bs));
   const int end_blk = static_cast<int>(
       std::min<int64_t>(part_blk64 + blocks_per_part, static_cast<int64_t>(union_end_blk)));
-
-  // Launched as a programmatic dependent of the previous kernel (see
-  // LaunchGroupedAttention) the CTA may start while that kernel drains: up to
-  // here it has read only seq_lens and block_tables, which no kernel of this
-  // library writes. Its first pages are asked of L2 now, which overlaps the
-  // previous kernel's tail (and the V2 reduce) with this call's first reads;
-  // everything else (the query, the caches into shared memory, any output)
-  // waits for the previous kernel to complete.
-  if (p.l2_prefetch_pages > 0 && start_blk64 < end_blk &&
-      blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) <
-          static_cast<unsigned>(p.l2_prefetch_ctas)) {
-    const int first_blk = static_cast<int>(start_blk64);
-    const int n = min(end_blk - first_blk, p.l2_prefetch_pages);
-    const uint32_t page_bytes = static_cast<uint32_t>(D * BS * sizeof(TC));
-    const int64_t page_stride = static_cast<int64_t>(D) * BS;
-    for (int i = tid; i < n; i += kThreads) {
-      const int64_t phys = table[first_blk + i];
-      if (phys >= 0 && phys < p.num_blocks) {  // -1 padding, or a bad entry: skip
-        const int64_t off = (phys * p.num_kv_heads + kv_head) * page_stride;
-        BulkPrefetchL2(static_cast<const TC*>(p.key_cache) + off, page_bytes);
-        BulkPrefetchL2(static_cast<const TC*>(p.value_cache) + off, page_bytes);
-      }
-    }
-  }
-  GridDependencyWait();
 
   if (start_blk64 >= end_blk) {
     // Nothing to attend here: a well-defined empty result, then exit. With a
@@ -1128,30 +1097,10 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
   const bool pdl = UseProgrammaticLaunch(device);
-  // With PDL the kernel is a programmatic dependent of the previous one and
-  // the first-wave CTAs prefetch their first pages into L2 while it drains
-  // (see the kernel); the prefetch budget is a share of the L2.
-  PagedAttentionParams q = p;
-  const int64_t budget = pdl ? L2PrefetchBudgetBytes(device) : 0;
-  if (budget > 0) {
-    const int64_t ctas = static_cast<int64_t>(p.num_kv_heads) * group_chunks *
-                         std::min(kMaxGridYZ, p.num_seqs) * p.max_num_partitions;
-    const int64_t slots = static_cast<int64_t>(MultiProcessorCount(device)) * C::kCtasPerSm;
-    const int64_t first_wave = std::max<int64_t>(1, std::min(ctas, slots));
-    const int64_t page_bytes = static_cast<int64_t>(HEAD_SIZE) * p.block_size * sizeof(TC);
-    const int64_t pages = budget / (first_wave * 2 * page_bytes);
-    q.l2_prefetch_pages = static_cast<int>(std::min<int64_t>(pages, p.partition_size / p.block_size));
-    q.l2_prefetch_ctas = static_cast<int>(first_wave);
-  }
-  const bool pdl_attention = q.l2_prefetch_pages > 0;
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    if (cudaError_t err = LaunchKernel(
-            g.kernel, dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions),
-            dim3(kThreads), C::kSmemBytes, stream, pdl_attention, q, base, group_chunks,
-            rows_per_cta, direct_out);
-        err != cudaSuccess)
-      return err;
+    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
+             C::kSmemBytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
     if (!direct_out) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;

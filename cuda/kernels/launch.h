@@ -98,24 +98,6 @@ inline bool UseProgrammaticLaunch(int device) {
   return enabled && ComputeCapabilityMajor(device) >= 9;
 }
 
-inline int MultiProcessorCount(int device) {
-  return CachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(device);
-}
-
-// Bytes of L2 the grouped kernel's first wave may prefetch before waiting on
-// the previous kernel: JAX_PAGED_L2_PREFETCH percent of the device's L2
-// (default 50; 0 turns the prefetch, and the grouped kernel's programmatic
-// launch, off; read once).
-inline int64_t L2PrefetchBudgetBytes(int device) {
-  static const int percent = [] {
-    const char* v = std::getenv("JAX_PAGED_L2_PREFETCH");
-    if (v == nullptr || *v == '\0') return 50;
-    const int x = std::atoi(v);
-    return x < 0 ? 0 : (x > 100 ? 100 : x);
-  }();
-  return static_cast<int64_t>(CachedDeviceAttribute<cudaDevAttrL2CacheSize>(device)) * percent / 100;
-}
-
 // Launches kernel<<<grid, block, smem_bytes, stream>>>(args...), as a
 // programmatic dependent launch when `pdl`. Returns the launch status.
 template <typename... Params, typename... Args>

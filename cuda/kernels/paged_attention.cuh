@@ -75,7 +75,6 @@
 #include "dtypes.cuh"
 #include "launch.h"
 #include "params.h"
-#include "pdl.cuh"
 
 namespace jax_paged {
 namespace cuda {
@@ -143,6 +142,21 @@ __device__ __forceinline__ void StoreOut(const PagedAttentionParams& p, int64_t 
   } else {
     static_cast<T*>(p.out)[idx] = FromFloat<T>(v);
   }
+}
+
+// Programmatic dependent launch (sm_90+; no-ops elsewhere): the V2 reduce
+// is launched so that it may start before the attention kernel has finished.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the dependent grid (the reduce) launch: called by each attention CTA
+// once it no longer needs the SM to itself (no effect without PDL).
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // log-sum-exp consistent with out = acc / (sum + 1e-6); -inf when empty.
@@ -402,9 +416,6 @@ __global__ void __launch_bounds__(kAttnThreads)
   const float* max_logits = p.max_logits + row * p.max_num_partitions + first;
   const float* exp_sums = p.exp_sums + row * p.max_num_partitions + first;
   const float* tmp_out = p.tmp_out + (row * p.max_num_partitions + first) * D;
-  // The next call's grouped kernel may be scheduled now: it reads nothing
-  // this kernel writes before its own GridDependencyWait().
-  AllowDependentLaunch();
   GridDependencyWait();
 
   // out = sum_p w_p tmp_out_p / sum_p w_p, w_p = s_p exp(m_p - M), M the

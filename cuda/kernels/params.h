@@ -79,11 +79,6 @@ struct PagedAttentionParams {
   // lse = max + log(sum + 1e-6) (consistent with out's normalisation, so
   // out * exp(lse) = sum_t exp(l_t) v_t), -inf when nothing is attended.
   float* lse = nullptr;
-  // Grouped kernel launched as a programmatic dependent (set by its launcher):
-  // CTAs whose linear index is below l2_prefetch_ctas ask L2 for their first
-  // l2_prefetch_pages pages before waiting on the previous kernel; 0: none.
-  int l2_prefetch_pages = 0;
-  int l2_prefetch_ctas = 0;
   // dtype of query/out, and of the caches relative to it.
   ScalarKind query_kind = ScalarKind::kF32;
   CacheKind cache_kind = CacheKind::kSameAsQuery;

@@ -939,6 +939,28 @@ def test_gpu_grouped_single_partition_with_features(q_len, cache_dtype):
     compare("gpu", inp, "grouped", sliding_window=200, return_lse=True, **scales)
 
 
+@requires_gpu
+@pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("head_size,block_size", [(128, 16), (64, 8), (256, 32), (80, 16)])
+def test_gpu_grouped_plain_soft_cap(cache_dtype, head_size, block_size):
+    """A decode step whose only feature is the soft cap runs a grouped kernel
+    of its own with 16-bit caches (plain, plus the cap): against the reference
+    at edge lengths (0, 1, a block, around the 512-token partition size), split
+    over partitions (the reduce runs) and in one partition (direct out)."""
+    rng = np.random.default_rng(head_size + block_size)
+    split = make_inputs(rng, [0, 1, block_size, 511, 512, 513, 1024, 3000], 32, 8, head_size,
+                        block_size, cache_dtype)
+    lens = rng.integers(0, 300, size=48)
+    lens[:4] = [0, 1, block_size, 2 * block_size]
+    direct = make_inputs(rng, lens, 32, 8, head_size, block_size, cache_dtype)
+    for inp, one_partition in ((split, False), (direct, True)):
+        dims = _shapes.check_paged_attention(*inp.args())
+        assert (primitives.grouped_partition_size("cuda", dims) >= dims.capacity) == one_partition
+        for soft_cap in (2.0, 30.0):  # 2.0 bites (logits of a few units at scale 0.5)
+            compare("gpu", inp, "grouped", scale=0.5, soft_cap=soft_cap, return_lse=True)
+            compare("gpu", inp, "auto", scale=0.5, soft_cap=soft_cap)
+
+
 def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     """The grouped split counts CTAs per partition (16 query rows each) and,
     with a sliding window, splits the window's blocks, not the whole table."""

@@ -297,7 +297,9 @@ __device__ __forceinline__ unsigned SmId() {
 // kBlockSize: 0, the block size read from p at run time (16-bit and f32
 // caches); else it (8, 16 or 32, equal to p.block_size), a compile-time
 // constant (fp8 caches, see SelectGroupedKernel).
-template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0>
+// kCap (with kPlain): a plain decode step with a logit soft cap, the cap the
+// only per-logit work added (see SelectGroupedKernel).
+template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false>
 __global__ void __launch_bounds__(
     kThreads, (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
@@ -730,7 +732,10 @@ __global__ void __launch_bounds__(
             const int t = tbase + j;
             float l = -INFINITY;
             if constexpr (kPlain) {
-              if ((smask >> j) & 1u) l = sw[h][nt][e] * qk_scale;
+              if ((smask >> j) & 1u) {
+                l = sw[h][nt][e] * qk_scale;
+                if constexpr (kCap) l = cap2 * FastTanh(l * cap_inv);
+              }
             } else {
               if (((smask >> j) & 1u) && t >= r_start[r] && t < r_end[r]) {
                 l = fmaf(sw[h][nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
@@ -1040,11 +1045,12 @@ struct GroupedInstance {
   std::atomic<bool>* smem_configured;  // [kMaxDevices]
   std::atomic<bool>* carveout_set;     // [kMaxDevices]
 };
-template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0>
+template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false>
 GroupedInstance GroupedInstanceOf() {
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
-  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize>, smem_configured, carveout_set};
+  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap>, smem_configured,
+          carveout_set};
 }
 
 // Raises the shared-memory limit and the carveout hint of one kernel
@@ -1067,18 +1073,41 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, size_t smem_
 
 // The kernel instantiation for a call: one per kPlain, and for fp8 caches
 // one per block size too (their loop is bound by instruction issue; constant
-// shared-memory offsets saved ~10% of its instructions).
-template <typename T, typename TC, int D, bool kPlain>
-GroupedInstance SelectGroupedKernel(int block_size) {
+// shared-memory offsets saved ~10% of its instructions). A plain step with a
+// soft cap has its own kernel with 16-bit caches of the query's dtype (the
+// B=1 row of the soft-cap benchmark, bf16); elsewhere it runs the general one.
+// Development switch for a same-build A/B (JAX_PAGED_PLAIN_CAP=0: capped
+// steps run the general kernel).
+inline bool PlainCapKernelEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("JAX_PAGED_PLAIN_CAP");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+template <typename T, typename TC, int D>
+GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
+  const bool plain_shape = p.q_len == 1 && p.sliding_window <= 0 && p.alibi_slopes == nullptr;
+  const bool capped = p.soft_cap > 0.0f;
   if constexpr (C::kFp8) {
-    switch (block_size) {  // 8, 16 or 32 (checked by the handler)
-      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8>();
-      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16>();
-      default: return GroupedInstanceOf<T, TC, D, kPlain, 32>();
+    const bool plain = plain_shape && !capped;
+    switch (p.block_size) {  // 8, 16 or 32 (checked by the handler)
+      case 8: return plain ? GroupedInstanceOf<T, TC, D, true, 8>()
+                           : GroupedInstanceOf<T, TC, D, false, 8>();
+      case 16: return plain ? GroupedInstanceOf<T, TC, D, true, 16>()
+                            : GroupedInstanceOf<T, TC, D, false, 16>();
+      default: return plain ? GroupedInstanceOf<T, TC, D, true, 32>()
+                            : GroupedInstanceOf<T, TC, D, false, 32>();
     }
   } else {
-    return GroupedInstanceOf<T, TC, D, kPlain>();
+    if (plain_shape && !capped) return GroupedInstanceOf<T, TC, D, true>();
+    if constexpr (C::kMma) {
+      if (plain_shape && PlainCapKernelEnabled())
+        return GroupedInstanceOf<T, TC, D, true, 0, true>();
+    }
+    return GroupedInstanceOf<T, TC, D, false>();
   }
 }
 
@@ -1086,10 +1115,7 @@ template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
                                    cudaStream_t stream) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), HEAD_SIZE>;
-  const bool plain = p.q_len == 1 && p.sliding_window <= 0 && !(p.soft_cap > 0.0f) &&
-                     p.alibi_slopes == nullptr;
-  const GroupedInstance g = plain ? SelectGroupedKernel<T, TC, HEAD_SIZE, true>(p.block_size)
-                                  : SelectGroupedKernel<T, TC, HEAD_SIZE, false>(p.block_size);
+  const GroupedInstance g = SelectGroupedKernel<T, TC, HEAD_SIZE>(p);
   if (cudaError_t err = ConfigureGroupedKernel(g, C::kSmemBytes, device); err != cudaSuccess)
     return err;
   const int rows = (p.num_heads / p.num_kv_heads) * p.q_len;  // per KV head

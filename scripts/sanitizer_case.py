@@ -118,6 +118,14 @@ def main() -> int:
                     *a, alibi_slopes=slopes, impl=impl))(q, kc, vc, bt, sl)
                 got = jax.block_until_ready(got)
                 report(f"paged_attention {impl} {name}", rel_err(got, want), TOL[dtype])
+            # A decode step whose only feature is the soft cap (the grouped
+            # kernel's plain capped variant with 16-bit caches).
+            want = jax.jit(lambda *a: ref.paged_attention(*a, alibi_slopes=slopes, soft_cap=5.0))(
+                q, kc, vc, bt, sl)
+            got = jax.jit(lambda *a: jp.paged_attention(
+                *a, alibi_slopes=slopes, soft_cap=5.0, impl="grouped"))(q, kc, vc, bt, sl)
+            report(f"paged_attention grouped soft cap {name}",
+                   rel_err(jax.block_until_ready(got), want), TOL[dtype])
             # The issue-6 paths of the classic kernels: 3 query rows per sequence
             # (causal among them), soft cap, a sliding window, the LSE output.
             q3 = jnp.repeat(q[:, None], 3, axis=1) * jnp.asarray([1.0, -0.5, 0.25], q.dtype)[

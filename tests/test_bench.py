@@ -56,3 +56,19 @@ def test_tie_to_query_keeps_the_tables_and_one_gather_pair_per_call():
     # K and V pages are gathered at every call, not once for the calls on the same set.
     assert gathers(via_api) == 2 * calls
     assert gathers(via_module) == 2 * calls
+
+
+def test_size_series_fit_and_rows():
+    """benchmarks/size_series.py: the fit recovers a known fixed cost and rate,
+    and both series produce rows with the bytes they claim (tiny sizes, CPU)."""
+    import size_series
+
+    a_us, r_tbps = size_series.fit([(b, 5e-6 + b / 3e12) for b in (1e6, 4e6, 9e6)])
+    assert a_us == pytest.approx(5.0, rel=1e-6) and r_tbps == pytest.approx(3.0, rel=1e-6)
+    _, args = bench.parse_args(["--no-pallas", "--no-reference", "--reps", "1", "--target-ms",
+                                "0.5", "--max-loop", "2", "--rotate-mb", "0.1", "--max-sets", "2"])
+    rows = size_series.attention_series([32], "fp8e4m3", args)
+    # One sequence of 32 tokens, 8 KV heads, head 128, K and V, one byte per element.
+    assert rows[0]["bytes"] == 32 * 8 * 128 * 2 and rows[0]["rel_err"] < 1e-2
+    rows = size_series.read_series([0.01], args)
+    assert rows[0]["bytes"] == 10_000 and rows[0]["us"] > 0

@@ -504,6 +504,20 @@ def quantise_sets(sets, fmt: str):
     return out, ks, vs
 
 
+def cache_variant(sets, kv: str, kv_bytes: int):
+    """The inputs of one cache variant named as the development scripts name them:
+    "bf16" (the sets as made), "fp8e4m3" / "fp8e5m2" (quantise_sets; one byte per
+    element) or "cap<c>" (soft cap c). Returns (sets, paged_attention kwargs, bytes read)."""
+    if kv.startswith("fp8"):
+        qsets, ks, vs = quantise_sets(sets, kv[3:])
+        return qsets, dict(k_scale=ks, v_scale=vs), kv_bytes // 2
+    if kv.startswith("cap"):
+        return sets, dict(soft_cap=float(kv[3:])), kv_bytes
+    if kv != "bf16":
+        raise ValueError(f"cache variant {kv!r}: expected bf16, fp8e4m3, fp8e5m2 or cap<c>")
+    return sets, {}, kv_bytes
+
+
 def tie_to_query(q, block_tables):
     """block_tables + 0, the 0 computed from the query. In a decode loop the cache changes
     every step; here the same input set comes back every n_sets calls, and XLA would compute

@@ -76,11 +76,7 @@ def attention_series(lengths: list[int], kv: str, args) -> list[dict]:
         plan = bench.plan_config(cfg, args)
         q, sets = bench.make_sets(cfg, plan, args)
         scale = cfg.head_size ** -0.5
-        kwargs, nbytes = {}, plan["kv_bytes"]
-        if kv.startswith("fp8"):
-            sets, ks, vs = bench.quantise_sets(sets, kv[3:])
-            kwargs = dict(k_scale=ks, v_scale=vs)
-            nbytes //= 2
+        sets, kwargs, nbytes = bench.cache_variant(sets, kv, plan["kv_bytes"])
         step = bench.jax_paged_step(jp, "auto", scale, args.partition_size, **kwargs)
         truth = bench.block(bench.ground_truth(q, *sets[0], scale, **kwargs))
         err = bench.compare(bench.block(jax.jit(step)(q, *sets[0])), truth)["rel_l2_err"]
@@ -94,7 +90,7 @@ def attention_series(lengths: list[int], kv: str, args) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="4096,8192,16384,32768,65536")
-    ap.add_argument("--kv", default="bf16,fp8e4m3", help="comma-separated: bf16, fp8e4m3, fp8e5m2")
+    ap.add_argument("--kv", default="bf16,fp8e4m3", help="comma-separated: bf16, fp8e4m3, fp8e5m2, cap<c>")
     ap.add_argument("--read-mb", default="8.4,16.8,33.6,67.1,134.2,268.4",
                     help="sizes of the XLA read series, MB")
     ap.add_argument("--reps", type=int, default=9)

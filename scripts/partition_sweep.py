@@ -52,13 +52,7 @@ def main() -> int:
         q, sets = bench.make_sets(cfg, plan, args)
         scale = cfg.head_size ** -0.5
         for kv in cli.kv.split(","):
-            kwargs, vsets, nbytes = {}, sets, plan["kv_bytes"]
-            if kv.startswith("fp8"):
-                vsets, ks, vs = bench.quantise_sets(sets, kv[3:])
-                kwargs = dict(k_scale=ks, v_scale=vs)
-                nbytes //= 2
-            elif kv.startswith("cap"):
-                kwargs = dict(soft_cap=float(kv[3:]))
+            vsets, kwargs, nbytes = bench.cache_variant(sets, kv, plan["kv_bytes"])
             truth = bench.block(bench.ground_truth(q, *vsets[0], scale, **kwargs))
             step = bench.jax_paged_step(jp, cli.impl, scale, 512, **kwargs)
             line = []

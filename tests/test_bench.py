@@ -72,3 +72,17 @@ def test_size_series_fit_and_rows():
     assert rows[0]["bytes"] == 32 * 8 * 128 * 2 and rows[0]["rel_err"] < 1e-2
     rows = size_series.read_series([0.01], args)
     assert rows[0]["bytes"] == 10_000 and rows[0]["us"] > 0
+
+
+def test_cache_variant_names():
+    """bench.cache_variant (used by size_series.py and partition_sweep.py): the
+    kwargs and bytes of each variant, and a clear error for an unknown name."""
+    sets = [(jnp.ones((2, 1, 8, 16, 8), jnp.bfloat16), jnp.ones((2, 1, 64, 16), jnp.bfloat16),
+             jnp.zeros((1, 2), jnp.int32), jnp.full((1,), 32, jnp.int32))]
+    assert bench.cache_variant(sets, "bf16", 1000)[1:] == ({}, 1000)
+    assert bench.cache_variant(sets, "cap30", 1000)[1:] == (dict(soft_cap=30.0), 1000)
+    fp8_sets, kwargs, nbytes = bench.cache_variant(sets, "fp8e4m3", 1000)
+    assert nbytes == 500 and set(kwargs) == {"k_scale", "v_scale"}
+    assert fp8_sets[0][0].dtype == jnp.float8_e4m3fn and fp8_sets[0][0].shape == (2, 1, 4, 16, 16)
+    with pytest.raises(ValueError, match="cache variant 'int8'"):
+        bench.cache_variant(sets, "int8", 1000)

@@ -1071,10 +1071,26 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, size_t smem_
   return cudaSuccess;
 }
 
-// The kernel instantiation for a call: one per kPlain, and for fp8 caches
-// one per block size too (their loop is bound by instruction issue; constant
-// shared-memory offsets saved ~10% of its instructions). A plain step with a
-// soft cap has its own kernel with 16-bit caches of the query's dtype; fp8
+// One kernel variant for the call's block size: fp8 caches have one
+// instantiation per block size (their loop is bound by instruction issue;
+// constant shared-memory offsets saved ~10% of its instructions), the others
+// read it at run time.
+template <typename T, typename TC, int D, bool kPlain, bool kCap = false>
+GroupedInstance GroupedInstanceForBlockSize(int block_size) {
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
+  if constexpr (C::kFp8) {
+    switch (block_size) {  // 8, 16 or 32 (checked by the handler)
+      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap>();
+      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap>();
+      default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap>();
+    }
+  } else {
+    return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap>();
+  }
+}
+
+// The kernel for a call: plain (see the kernel) or general. A plain step with
+// a soft cap has its own kernel with 16-bit caches of the query's dtype; fp8
 // and f32 caches run the general one (fewer instantiations). H200, ninth
 // session, soft cap 30 against the general kernel: -0.2..-0.9 us at B=1
 // L=32768 (41.6-41.7 us, 76.7-77.5% of copy), -0.1 to -1.3 us elsewhere.
@@ -1083,23 +1099,11 @@ GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   const bool plain_shape = p.q_len == 1 && p.sliding_window <= 0 && p.alibi_slopes == nullptr;
   const bool capped = p.soft_cap > 0.0f;
-  if constexpr (C::kFp8) {
-    const bool plain = plain_shape && !capped;
-    switch (p.block_size) {  // 8, 16 or 32 (checked by the handler)
-      case 8: return plain ? GroupedInstanceOf<T, TC, D, true, 8>()
-                           : GroupedInstanceOf<T, TC, D, false, 8>();
-      case 16: return plain ? GroupedInstanceOf<T, TC, D, true, 16>()
-                            : GroupedInstanceOf<T, TC, D, false, 16>();
-      default: return plain ? GroupedInstanceOf<T, TC, D, true, 32>()
-                            : GroupedInstanceOf<T, TC, D, false, 32>();
-    }
-  } else {
-    if (plain_shape && !capped) return GroupedInstanceOf<T, TC, D, true>();
-    if constexpr (C::kMma) {
-      if (plain_shape) return GroupedInstanceOf<T, TC, D, true, 0, true>();
-    }
-    return GroupedInstanceOf<T, TC, D, false>();
+  if (plain_shape && !capped) return GroupedInstanceForBlockSize<T, TC, D, true>(p.block_size);
+  if constexpr (C::kMma && !C::kFp8) {
+    if (plain_shape) return GroupedInstanceForBlockSize<T, TC, D, true, true>(p.block_size);
   }
+  return GroupedInstanceForBlockSize<T, TC, D, false>(p.block_size);
 }
 
 template <typename T, typename TC, int HEAD_SIZE>

@@ -5,7 +5,7 @@
 #
 # Builds the default kernels (A: every -DNAME=... of AB_CMAKE_ARGS passed as -DNAME=OFF, since
 # CMake keeps a cached option until it is set again, so only ON/OFF options fit) and the
-# kernels with AB_CMAKE_ARGS (B); with each build
+# kernels with AB_CMAKE_ARGS (B); A also switches off the options of AB_CMAKE_ARGS_C; with each build
 # runs the GPU tests selected by AB_TESTS (B only by default: A is what gpu_check tests) and
 # the benchmark with AB_BENCH_ARGS; prints both benchmark summaries, B then A, each with
 # its own same-run copy bandwidth. Leaves the default build (A) installed. With
@@ -15,7 +15,7 @@
 # Environment: OUT (results: a.json b.json [c.json], logs; default ./out/ab), PYTHON (python3),
 #   AB_CMAKE_ARGS (required), AB_BENCH_ARGS (default: the B=1 and 8x8 issue-4 rows,
 #   no Pallas, no reference), AB_TESTS (default "-q -k 'gpu and grouped'"; empty: none),
-#   AB_TEST_A=1 to test build A too, AB_TEST_JOBS (concurrent test shards, default 4:
+#   AB_TEST_A=1 to test build A too, AB_TEST_B=0 not to test build B, AB_TEST_JOBS (concurrent test shards, default 4:
 #   scripts/sharded_pytest.py).
 set -u -o pipefail
 
@@ -27,7 +27,11 @@ mkdir -p "$OUTDIR"
 BENCH_ARGS=${AB_BENCH_ARGS:---no-defaults --config 1,32,8,32768 --config 8,32,8,8192 --no-pallas --no-reference}
 TESTS=${AB_TESTS-"-q -k 'gpu and grouped'"}
 AB_TEST_JOBS=${AB_TEST_JOBS:-4}
-A_CMAKE_ARGS=$(sed -E 's/-D([A-Za-z0-9_]+)=[^ ]*/-D\1=OFF/g' <<< "$AB_CMAKE_ARGS")
+# Every option named by B or C, OFF: CMake keeps a cached option until it is set again, so
+# A (and B) must switch off what an earlier build of this call switched on. (Until the
+# tenth session A reset only B's options: after a C build, A kept C's options.)
+off_args() { sed -E 's/-D([A-Za-z0-9_]+)=[^ ]*/-D\1=OFF/g' <<< "$1"; }
+A_CMAKE_ARGS=$(off_args "$AB_CMAKE_ARGS ${AB_CMAKE_ARGS_C:-}")
 export PYTHONUNBUFFERED=1
 FAILED=0
 
@@ -56,7 +60,7 @@ run_side() {  # $1: label (a or b), $2: CMAKE_ARGS, $3: run the tests (0/1)
 }
 
 # B first, so that A, the default kernels, stays installed.
-run_side b "$AB_CMAKE_ARGS" 1
+run_side b "$A_CMAKE_ARGS $AB_CMAKE_ARGS" "${AB_TEST_B:-1}"  # the last -D of a name wins
 C_CMAKE_ARGS=""
 if [ -n "${AB_CMAKE_ARGS_C:-}" ]; then
   C_CMAKE_ARGS="$A_CMAKE_ARGS $AB_CMAKE_ARGS_C"  # the last -D of a name wins

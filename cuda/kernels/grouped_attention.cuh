@@ -646,6 +646,10 @@ __global__ void __launch_bounds__(
       page_bits |= ((pages >> pg[q]) & 1u) ? (0xFFu << (8 * q)) : 0u;
     smask &= page_bits;
 
+#ifdef JAX_PAGED_PROBE_NO_COMPUTE
+    // Timing probe (development, wrong results): the pipeline without its arithmetic.
+    smask = 0u;
+#endif
     if (smask != 0u) {  // warp-uniform
       const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
       const uint32_t vbase = kbase + C::kTileElems * sizeof(TC);
@@ -1122,7 +1126,12 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
     g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
              C::kSmemBytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
+#ifdef JAX_PAGED_PROBE_NO_REDUCE
+    // Timing probe (development, wrong results with a split): no V2 reduce.
+    if (false) {
+#else
     if (!direct_out) {
+#endif
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;
     }

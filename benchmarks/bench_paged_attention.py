@@ -814,6 +814,8 @@ def goal_check(cfg: Config, r: dict, copy_tbps) -> str | None:
     a = r["impls"].get("auto")
     if not a or "us" not in a:
         return None
+    if a.get("ok") is False:  # a wrong result meets no goal, however fast
+        return "not counted: auto failed the correctness check"
     parts = []
     fi = (r.get("quoted") or {}).get("flashinfer")
     if fi:

@@ -86,3 +86,19 @@ def test_cache_variant_names():
     assert fp8_sets[0][0].dtype == jnp.float8_e4m3fn and fp8_sets[0][0].shape == (2, 1, 4, 16, 16)
     with pytest.raises(ValueError, match="cache variant 'int8'"):
         bench.cache_variant(sets, "int8", 1000)
+
+
+def test_goal_check_counts_only_correct_rows():
+    """Issue 4's goal line credits a fast row only when it passed the float32 check
+    (a wrong result, e.g. a timing-probe build's, meets no goal)."""
+    cfg = bench.Config(1, 32, 8, 32768)
+    fast = dict(us=30.0, frac_copy=0.9)
+    met = bench.goal_check(cfg, dict(impls=dict(auto=dict(fast, ok=True)),
+                                     quoted=dict(flashinfer=(57, 2.37))), 4.2)
+    assert met.startswith("MET") and "beats FI*: yes" in met and ">=75% copy: yes" in met
+    wrong = bench.goal_check(cfg, dict(impls=dict(auto=dict(fast, ok=False)),
+                                       quoted=dict(flashinfer=(57, 2.37))), 4.2)
+    assert wrong.startswith("not counted") and "MET" not in wrong
+    slow = bench.goal_check(cfg, dict(impls=dict(auto=dict(us=60.0, frac_copy=0.5, ok=True)),
+                                      quoted=dict(flashinfer=(57, 2.37))), 4.2)
+    assert slow.startswith("not met") and "beats FI*: NO" in slow

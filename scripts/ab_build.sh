@@ -15,14 +15,14 @@
 # Environment: OUT (results: a.json b.json [c.json], logs; default ./out/ab), PYTHON (python3),
 #   AB_CMAKE_ARGS (required), AB_BENCH_ARGS (default: the B=1 and 8x8 issue-4 rows,
 #   no Pallas, no reference), AB_TESTS (default "-q -k 'gpu and grouped'"; empty: none),
-#   AB_TEST_A=1 to test build A too, AB_TEST_B=0 not to test build B, AB_TEST_JOBS (concurrent test shards, default 4:
-#   scripts/sharded_pytest.py).
+#   AB_TEST_A=1 to test build A too, AB_TEST_B=0 not to test build B, AB_TEST_JOBS (concurrent
+#   test shards, default 4: scripts/sharded_pytest.py), AB_DRY_RUN=1 to print the three builds'
+#   CMake arguments and stop.
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 PY=${PYTHON:-python3}
 OUTDIR=${OUT:-$PWD/out/ab}
-mkdir -p "$OUTDIR"
 : "${AB_CMAKE_ARGS:?set AB_CMAKE_ARGS, e.g. -DJAX_PAGED_TRACE=ON}"
 BENCH_ARGS=${AB_BENCH_ARGS:---no-defaults --config 1,32,8,32768 --config 8,32,8,8192 --no-pallas --no-reference}
 TESTS=${AB_TESTS-"-q -k 'gpu and grouped'"}
@@ -32,6 +32,14 @@ AB_TEST_JOBS=${AB_TEST_JOBS:-4}
 # tenth session A reset only B's options: after a C build, A kept C's options.)
 off_args() { sed -E 's/-D([A-Za-z0-9_]+)=[^ ]*/-D\1=OFF/g' <<< "$1"; }
 A_CMAKE_ARGS=$(off_args "$AB_CMAKE_ARGS ${AB_CMAKE_ARGS_C:-}")
+C_CMAKE_ARGS=""
+[ -n "${AB_CMAKE_ARGS_C:-}" ] && C_CMAKE_ARGS="$A_CMAKE_ARGS $AB_CMAKE_ARGS_C"  # the last -D of a name wins
+B_CMAKE_ARGS="$A_CMAKE_ARGS $AB_CMAKE_ARGS"
+if [ -n "${AB_DRY_RUN:-}" ]; then  # print the builds' CMake arguments only (tests/test_scripts.py)
+  printf 'B=%s\nC=%s\nA=%s\n' "$B_CMAKE_ARGS" "$C_CMAKE_ARGS" "$A_CMAKE_ARGS"
+  exit 0
+fi
+mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
 FAILED=0
 
@@ -60,12 +68,8 @@ run_side() {  # $1: label (a or b), $2: CMAKE_ARGS, $3: run the tests (0/1)
 }
 
 # B first, so that A, the default kernels, stays installed.
-run_side b "$A_CMAKE_ARGS $AB_CMAKE_ARGS" "${AB_TEST_B:-1}"  # the last -D of a name wins
-C_CMAKE_ARGS=""
-if [ -n "${AB_CMAKE_ARGS_C:-}" ]; then
-  C_CMAKE_ARGS="$A_CMAKE_ARGS $AB_CMAKE_ARGS_C"  # the last -D of a name wins
-  run_side c "$C_CMAKE_ARGS" "${AB_TEST_C:-0}"
-fi
+run_side b "$B_CMAKE_ARGS" "${AB_TEST_B:-1}"
+[ -n "$C_CMAKE_ARGS" ] && run_side c "$C_CMAKE_ARGS" "${AB_TEST_C:-0}"
 run_side a "$A_CMAKE_ARGS" "${AB_TEST_A:-0}"
 echo
 echo "ab_build: A = $A_CMAKE_ARGS, B = $AB_CMAKE_ARGS${C_CMAKE_ARGS:+, C = $C_CMAKE_ARGS};" \

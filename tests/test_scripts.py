@@ -1,0 +1,62 @@
+"""The GPU machine's build scripts (scripts/), checked where they run no build: the CMake
+arguments they pass, so that a development option (a trace or a wrong-results timing probe)
+can never stay on in a build meant as the default."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def _cmake_options():
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        return re.findall(r"^\s*option\((JAX_PAGED_\w+)\s+\"([^\"]*)\"", f.read(), re.M)
+
+
+def _last_values(args: str) -> dict:
+    """-DNAME=VALUE pairs as CMake reads them: the last of a name wins."""
+    return dict(re.findall(r"-D(\w+)=(\S+)", args))
+
+
+def test_every_development_option_is_switched_off_by_gpu_check():
+    """gpu_check.sh derives the options to switch off from CMakeLists.txt's option() lines
+    marked "(development)"; an option written with a variable name (the tenth session's
+    first draft of the probes) or without the mark would stay cached on a warm machine."""
+    options = _cmake_options()
+    dev = [name for name, text in options if "(development)" in text]
+    assert {"JAX_PAGED_TRACE", "JAX_PAGED_PROBE_NO_COMPUTE", "JAX_PAGED_PROBE_NO_REDUCE"} <= set(dev)
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        text = f.read()
+    # The same sed expression as scripts/gpu_check.sh's install stage.
+    with open(os.path.join(ROOT, "scripts", "gpu_check.sh")) as f:
+        assert "sed -nE 's/^ *option\\((JAX_PAGED_[A-Z0-9_]+) .*\\(development\\).*/-D\\1=OFF/p'" in f.read()
+    found = re.findall(r"^ *option\((JAX_PAGED_[A-Z0-9_]+) .*\(development\).*", text, re.M)
+    assert sorted(found) == sorted(dev)
+    assert not re.search(r"option\(JAX_PAGED_\$", text), "option names must be literal"
+
+
+def test_ab_build_switches_off_every_option_of_b_and_c_in_a():
+    """Build A (the default) switches off the options of B and of C: CMake keeps a cached
+    option until it is set again, and A once kept C's timing probe on (tenth session)."""
+    env = dict(os.environ, AB_DRY_RUN="1", AB_CMAKE_ARGS="-DJAX_PAGED_PROBE_NO_COMPUTE=ON",
+               AB_CMAKE_ARGS_C="-DJAX_PAGED_PROBE_NO_REDUCE=ON")
+    env.pop("OUT", None)
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ab_build.sh")], env=env,
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    builds = dict(line.split("=", 1) for line in out.strip().splitlines())
+    assert set(builds) == {"A", "B", "C"}
+    a, b, c = (_last_values(builds[k]) for k in "ABC")
+    assert a == {"JAX_PAGED_PROBE_NO_COMPUTE": "OFF", "JAX_PAGED_PROBE_NO_REDUCE": "OFF"}
+    assert b == {"JAX_PAGED_PROBE_NO_COMPUTE": "ON", "JAX_PAGED_PROBE_NO_REDUCE": "OFF"}
+    assert c == {"JAX_PAGED_PROBE_NO_COMPUTE": "OFF", "JAX_PAGED_PROBE_NO_REDUCE": "ON"}
+    # Without a C build there is none to print.
+    env.pop("AB_CMAKE_ARGS_C")
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ab_build.sh")], env=env,
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    assert "C=\n" in out

@@ -100,27 +100,32 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 class _Progress:
-    """tqdm if installed, else a one-line fallback."""
+    """tqdm if installed, else a one-line fallback, redrawn in place on a terminal and
+    printed once at the end otherwise (a log file gets one line, not every redraw)."""
 
     def __init__(self, total: int, desc: str):
+        self._n, self._total, self._desc = 0, total, desc
+        self._tty = sys.stderr.isatty()
         try:
             from tqdm import tqdm
             self._bar = tqdm(total=total, desc=desc, unit="tok")
         except ImportError:
-            self._bar, self._n, self._total, self._desc = None, 0, total, desc
+            self._bar = None
 
     def update(self, n: int) -> None:
+        self._n += n
         if self._bar is not None:
             self._bar.update(n)
-        else:
-            self._n += n
+        elif self._tty:
             print(f"\r{self._desc}: {self._n}/{self._total} tokens", end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        else:
+        elif self._tty:
             print(file=sys.stderr)
+        else:
+            print(f"{self._desc}: {self._n}/{self._total} tokens", file=sys.stderr)
 
 
 def load_model(args):

@@ -416,8 +416,13 @@ def make_sets(cfg: Config, plan: dict, args):
 def ground_truth(q, kc, vc, bt, sl, scale: float, *, soft_cap=None, window=None, k_scale=None,
                  v_scale=None):
     """Independent float32 paged attention: gather, mask, softmax, HIGHEST precision (with the
-    optional soft cap, sliding window and per-tensor fp8 dequantisation scales)."""
-    B, Hq, D = q.shape
+    optional soft cap, sliding window and per-tensor fp8 dequantisation scales). A query
+    [B, N, Hq, D] holds N new tokens at positions L - N .. L - 1, each attending the tokens
+    up to its own position (causal); a row with nothing to attend gives zeros."""
+    multi = q.ndim == 4
+    if not multi:
+        q = q[:, None]
+    B, N, Hq, D = q.shape
     _, Hkv, _, bs, _ = kc.shape
     M = bt.shape[1]
     g = Hq // Hkv
@@ -430,22 +435,25 @@ def ground_truth(q, kc, vc, bt, sl, scale: float, *, soft_cap=None, window=None,
         qs, row, L = a
         k = kc[row].transpose(0, 3, 1, 2, 4).reshape(M * bs, Hkv, D).astype(jnp.float32) * ks
         v = vc[row].transpose(0, 3, 1, 2).reshape(M * bs, Hkv, D).astype(jnp.float32) * vs
-        qg = qs.reshape(Hkv, g, D).astype(jnp.float32)
-        logits = jnp.einsum("kgd,tkd->kgt", qg, k, precision=lax.Precision.HIGHEST) * scale
+        qg = qs.reshape(N, Hkv, g, D).astype(jnp.float32)
+        logits = jnp.einsum("nkgd,tkd->nkgt", qg, k, precision=lax.Precision.HIGHEST) * scale
         if soft_cap:
             logits = soft_cap * jnp.tanh(logits / soft_cap)
-        t = jnp.arange(M * bs)[None, None, :]
-        keep = t < L
+        t = jnp.arange(M * bs)[None, None, None, :]
+        pos = (L - N + jnp.arange(N))[:, None, None, None]   # each new token's position
+        keep = (t <= pos) & (t < L)
         if window:
-            keep = keep & (t >= L - window)
+            keep = keep & (t > pos - window)
         logits = jnp.where(keep, logits, -jnp.inf)
         p = jax.nn.softmax(logits, axis=-1)
-        o = jnp.einsum("kgt,tkd->kgd", p, v, precision=lax.Precision.HIGHEST)
-        return o.reshape(Hq, D)
+        o = jnp.einsum("nkgt,tkd->nkgd", p, v, precision=lax.Precision.HIGHEST)
+        o = jnp.where(keep.any(axis=-1, keepdims=True), o, 0.0)
+        return o.reshape(N, Hq, D)
 
     # The caches are arguments, never closed-over constants.
-    return jax.jit(lambda kc, vc, *a: lax.map(lambda t: one(kc, vc, t), a, batch_size=chunk))(
+    out = jax.jit(lambda kc, vc, *a: lax.map(lambda t: one(kc, vc, t), a, batch_size=chunk))(
         kc, vc, q, bt, sl)
+    return out if multi else out[:, 0]
 
 
 def compare(out, truth) -> dict:
@@ -476,12 +484,13 @@ FP8_DTYPES = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 
 
 def variant_list(args) -> list[tuple[str, str, str]]:
-    """(row name, impl, feature) for each --fp8 / --soft-cap / --window request."""
+    """(row name, impl, feature) for each --fp8 / --soft-cap / --window / --q-len request."""
     feats = [f"fp8{f}" for f in dict.fromkeys(args.fp8)]
     if args.soft_cap:
         feats.append("cap")
     if args.window:
         feats.append(f"win{args.window}")
+    feats += [f"q{n}" for n in dict.fromkeys(args.q_len)]
     return [(f"{impl}+{feat}", impl, feat) for feat in feats for impl in args.variant_impls]
 
 
@@ -637,7 +646,7 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
     tol = TOLERANCE[cfg.dtype]
 
     def measure(name, step, step_sets, extra=None, truth=truth, ref_out=ref_out,
-                kv_bytes=plan["kv_bytes"]):
+                kv_bytes=plan["kv_bytes"], q=q):
         bar.set_description(f"{cfg.label}: {name}")
         r: dict[str, Any] = dict(extra or {})
         unquantised = r.pop("unquantised_truth", None)
@@ -689,7 +698,7 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
     for vname, impl, feat in variant_list(args):
         kwargs: dict[str, Any] = {}
         extra: dict[str, Any] = dict(variant=feat, impl=impl)
-        vsets, vbytes = sets, plan["kv_bytes"]
+        vsets, vbytes, vq = sets, plan["kv_bytes"], None
         try:
             if feat.startswith("fp8"):
                 fmt = feat[3:]
@@ -700,6 +709,15 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
                 vbytes = plan["kv_bytes"] // itemsize            # one byte per element
                 extra.update(k_scale=float(ks), v_scale=float(vs), unquantised_truth=truth)
                 vtruth = block(ground_truth(q, *vsets[0], scale, k_scale=ks, v_scale=vs))
+            elif feat.startswith("q"):
+                # N new tokens per sequence (speculative verification, chunked prefill): the
+                # same pages as the decode step, so TB/s counts the same bytes.
+                n_new = int(feat[1:])
+                vq = block(jax.random.normal(rkey(args.seed * 1000 + 5 + n_new),
+                                             (cfg.batch, n_new, cfg.num_heads, cfg.head_size),
+                                             q.dtype))
+                extra["q_len"] = n_new
+                vtruth = block(ground_truth(vq, *sets[0], scale))
             elif feat == "cap":
                 kwargs = dict(soft_cap=args.soft_cap)
                 extra["soft_cap"] = args.soft_cap
@@ -717,7 +735,8 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
             continue
         res["impls"][vname] = measure(
             vname, jax_paged_step(jp, impl, scale, args.partition_size, **kwargs), vsets,
-            extra, truth=vtruth, ref_out=None, kv_bytes=vbytes)
+            extra, truth=vtruth, ref_out=None, kv_bytes=vbytes,
+            q=vq if feat.startswith("q") else q)
     del fp8_sets
 
     # Pallas GPU kernel on the same data, converted once outside timing
@@ -880,10 +899,11 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
                  "float32 ground truth (flagged above " + ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
                  + "); |d ref| = max |out - jnp reference output|.")
     if any("+" in n for n in impl_order):
-        lines.append("impl+fp8<fmt> / +cap / +win<W>: issue 6 feature rows (fp8 caches with per-tensor "
-                     "scales, logit soft cap, sliding window), checked against a ground truth with the "
-                     "same feature; TB/s counts the bytes actually read (fp8: 1 byte per element; window: "
-                     "the tokens inside it). JSON rel_l2_err_vs_unquantised: fp8 output vs the "
+        lines.append("impl+fp8<fmt> / +cap / +win<W> / +q<N>: issue 6 feature rows (fp8 caches with "
+                     "per-tensor scales, logit soft cap, sliding window, N new query tokens per "
+                     "sequence), checked against a ground truth with the same feature; TB/s counts the "
+                     "bytes actually read (fp8: 1 byte per element; window: the tokens inside it; q<N>: "
+                     "the decode step's bytes). JSON rel_l2_err_vs_unquantised: fp8 output vs the "
                      "unquantised caches.")
     lines.append("")
     # Summary, one row per config.
@@ -1024,9 +1044,12 @@ def parse_args(argv=None):
     p.add_argument("--window", type=int, default=None,
                    help="also run the --variant-impls with this sliding window (TB/s counts the "
                         "tokens inside the window)")
+    p.add_argument("--q-len", action="append", type=int, default=[], metavar="N",
+                   help="also run the --variant-impls with N new query tokens per sequence "
+                        "(causal among them; TB/s counts the same KV bytes) (repeatable)")
     p.add_argument("--variant-impls", default="auto",
-                   help="comma-separated impls the --fp8 / --soft-cap / --window rows run "
-                        "(default: auto)")
+                   help="comma-separated impls the --fp8 / --soft-cap / --window / --q-len rows "
+                        "run (default: auto)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="default benchmarks/results/<date>-<device>.json "
                    "(with --quick: out/bench/<date>-<device>-quick.json)")
@@ -1058,6 +1081,8 @@ def parse_args(argv=None):
         p.error("--soft-cap must be positive")
     if args.window is not None and args.window < 1:
         p.error("--window must be at least 1")
+    if any(n < 2 for n in args.q_len):
+        p.error(f"--q-len must be at least 2 (1 is the decode step itself), got {args.q_len}")
     return p, args
 
 

@@ -102,3 +102,29 @@ def test_goal_check_counts_only_correct_rows():
     slow = bench.goal_check(cfg, dict(impls=dict(auto=dict(us=60.0, frac_copy=0.5, ok=True)),
                                       quoted=dict(flashinfer=(57, 2.37))), 4.2)
     assert slow.startswith("not met") and "beats FI*: NO" in slow
+
+
+def test_ground_truth_with_multi_token_queries():
+    """The benchmark's independent ground truth for --q-len rows agrees with the jnp
+    reference on ragged lengths, including sequences shorter than the query (their first
+    rows attend nothing: zeros), and its decode case is the q_len = 1 slice."""
+    q_len = 5
+    rng = np.random.default_rng(3)
+    # (No NaN poison: the ground truth is a plain masked softmax, 0 * NaN would be NaN.)
+    inp = make_paged_inputs(rng, [3, 8, 17, 40], num_heads=4, num_kv_heads=2, head_size=32,
+                            block_size=8, poison=False)
+    _, kc, vc, bt, sl = inp.args()
+    q = rng.standard_normal((4, q_len, 4, 32)).astype(np.float32)
+    scale = 32 ** -0.5
+    truth = np.asarray(bench.ground_truth(q, kc, vc, bt, sl, scale))
+    ref = np.asarray(jp.reference.paged_attention(q, kc, vc, bt, sl, scale=scale))
+    assert truth.shape == (4, q_len, 4, 32)
+    np.testing.assert_allclose(truth, ref, atol=2e-5, rtol=2e-5)
+    assert np.all(truth[0, :2] == 0) and np.all(np.abs(truth[0, 2:]).sum(-1) > 0)  # L=3 < q_len
+    last = np.asarray(bench.ground_truth(q[:, -1], kc, vc, bt, sl, scale))
+    np.testing.assert_allclose(last, truth[:, -1], atol=1e-6, rtol=1e-6)
+    _, args = bench.parse_args(["--q-len", "4", "--q-len", "16", "--no-pallas"])
+    assert [v for v in bench.variant_list(args)] == [("auto+q4", "auto", "q4"),
+                                                    ("auto+q16", "auto", "q16")]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--q-len", "1"])

@@ -71,20 +71,22 @@ def _num_sms() -> int:
 
 
 def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
-                           sliding_window: int = 0, ctas_per_sm: int = 2) -> int:
+                           sliding_window: int = 0, ctas_per_sm: int = 2,
+                           rows_per_cta: int = 16) -> int:
     """Partition length for impl="grouped" (split-KV): enough partitions that
     every SM (or core) gets work, each at least 256 tokens, a multiple of
     block_size. Chosen from static shapes, so no recompilation per length.
     With a sliding window the split is of the window's blocks (partitions
-    outside a sequence's window exit at once). ``ctas_per_sm``: resident CTAs
-    of the CUDA kernel per SM (grouped_ctas_per_sm)."""
+    outside a sequence's window exit at once). ``ctas_per_sm``, ``rows_per_cta``:
+    resident CTAs per SM and query rows per CTA of the CUDA kernel the call runs
+    (grouped_ctas_per_sm, grouped_rows_per_cta)."""
     # Measured on the H200 (BENCHMARKS.md): rounding the split count down
     # beats rounding up (a partial extra wave of CTAs costs more than it
     # gains), and one split is best once the CTAs fill every SM's slots.
     workers = ctas_per_sm * _num_sms() if platform == "cuda" else _cpu_threads()
-    # CTAs per partition: one per (sequence, KV head, chunk of 16 query rows).
+    # CTAs per partition: one per (sequence, KV head, chunk of rows_per_cta query rows).
     rows = dims.q_len * (dims.num_heads // dims.num_kv_heads)
-    chunks = -(-rows // 16) if platform == "cuda" else 1
+    chunks = -(-rows // rows_per_cta) if platform == "cuda" else 1
     items = max(1, dims.num_seqs * dims.num_kv_heads * chunks)
     context = _context_tokens(dims, sliding_window)
     splits = max(1, min(workers // items, -(-context // 256)))
@@ -129,18 +131,34 @@ def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
     return "v2" if dims.num_seqs * dims.num_kv_heads < _cpu_threads() else "v1"
 
 
-def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
-    """CTAs of the CUDA grouped kernel resident per SM for this call's dtypes
-    and head size, from the CUDA module (the kernel's own configuration:
-    up to 4 when a pipeline stage is at most 16 KiB, else up to 2, fewer
-    where the shared memory does not fit them); 2 without the module."""
-    module = _native.cuda_module
-    if module is None:
-        return 2
+def _grouped_layout_args(dims: _shapes.AttentionDims, query_dtype) -> tuple:
     query_itemsize = np.dtype(query_dtype).itemsize
     cache_itemsize = (query_itemsize if dims.cache_dtype is None
                       else np.dtype(dims.cache_dtype).itemsize)
-    return module.grouped_ctas_per_sm(query_itemsize, cache_itemsize, dims.head_size) or 2
+    rows = dims.q_len * (dims.num_heads // dims.num_kv_heads)
+    return query_itemsize, cache_itemsize, dims.head_size, rows
+
+
+def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
+    """CTAs of the CUDA grouped kernel resident per SM for this call's dtypes,
+    head size and query rows, from the CUDA module (the kernel's own
+    configuration: up to 4 when a pipeline stage is at most 16 KiB, else up to
+    2, fewer where the shared memory does not fit them); 2 without the module."""
+    module = _native.cuda_module
+    if module is None:
+        return 2
+    return module.grouped_ctas_per_sm(*_grouped_layout_args(dims, query_dtype)) or 2
+
+
+def grouped_rows_per_cta(dims: _shapes.AttentionDims, query_dtype) -> int:
+    """Query rows per CTA of the CUDA grouped kernel this call runs: 16 (one
+    tensor-core row tile), or 64 for more than 16 rows per KV head in a build
+    with the row split (CMake option JAX_PAGED_ROW_SPLIT, development); 16
+    without the module."""
+    module = _native.cuda_module
+    if module is None or not hasattr(module, "grouped_rows_per_cta"):
+        return 16
+    return module.grouped_rows_per_cta(*_grouped_layout_args(dims, query_dtype)) or 16
 
 
 def grouped_supports(dims: _shapes.AttentionDims, query_dtype) -> bool:
@@ -235,7 +253,8 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
             # contract with a partition size sized to the machine. The CPU V2
             # kernel is already grouped, so only CUDA has a separate kernel.
             partition_size = grouped_partition_size(platform, dims, sliding_window,
-                                                    grouped_ctas_per_sm(dims, query.dtype))
+                                                    grouped_ctas_per_sm(dims, query.dtype),
+                                                    grouped_rows_per_cta(dims, query.dtype))
             if platform == "cuda":
                 target_v2 = "jax_paged_attention_grouped"
         # else: fp8 under a float32 query: classic V2 with the caller's

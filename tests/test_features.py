@@ -341,6 +341,24 @@ def test_multi_token(platform, impl, q_len):
     assert np.all(np.asarray(out, np.float32)[0] == 0)
 
 
+@pytest.mark.parametrize("num_heads,num_kv_heads,q_len", [(32, 1, None), (80, 1, None),
+                                                          (16, 2, 5), (8, 2, 17)])
+@pytest.mark.parametrize("head_size,block_size", [(64, 8), (120, 32), (128, 16)])
+def test_many_query_rows_per_kv_head(platform, num_heads, num_kv_heads, q_len, head_size,
+                                     block_size):
+    """More than 16 query rows per KV head (q_len * group = 32, 80, 40, 68): the
+    grouped CUDA kernel takes several 16-row CTAs per KV head, or with the row
+    split (CMake JAX_PAGED_ROW_SPLIT) CTAs of up to 64 rows whose last row
+    blocks are partly or wholly empty. Plain decode, the soft-capped plain step
+    and LSE, split over partitions and not."""
+    rng = np.random.default_rng(num_heads + head_size + block_size + (q_len or 0))
+    for lens in ([0, 1, q_len or 2, 511, 513, 1100], list(rng.integers(0, 200, size=24))):
+        inp = make_inputs(rng, lens, num_heads, num_kv_heads, head_size, block_size,
+                          jnp.bfloat16, q_len=q_len)
+        compare(platform, inp, "grouped", return_lse=True)
+        compare(platform, inp, "grouped", soft_cap=5.0)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_multi_token_with_alibi_window_and_cap(platform, impl):
     rng = np.random.default_rng(11)
@@ -974,6 +992,12 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     # q_len 16 with 4 heads per KV head: 64 rows = 4 CTAs per KV head, 8 splits.
     dims16 = _shapes.AttentionDims(**{**dims.__dict__, "q_len": 16})
     assert primitives.grouped_partition_size("cuda", dims16) == 4096
+    # The same 64 rows in one CTA (the row split): 8 CTAs per partition, 33 splits.
+    assert primitives.grouped_partition_size("cuda", dims16, rows_per_cta=64) == 1008
+    # Without the row split in the build (or without the CUDA module): 16 rows per CTA.
+    if not primitives.grouped_rows_per_cta(dims16, jnp.bfloat16) == 64:
+        assert primitives.grouped_rows_per_cta(dims16, jnp.bfloat16) == 16
+    assert primitives.grouped_rows_per_cta(dims, jnp.bfloat16) == 16   # 4 rows per KV head
 
 
 def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):

@@ -28,13 +28,31 @@ namespace jax_paged {
 namespace cuda {
 namespace grouped {
 
-GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size) {
+// The configuration SelectGroupedKernel (grouped_attention.cuh) picks: the row
+// split where it is available and the KV head has more than kMaxRows rows.
+template <int QELEM, int CELEM, int H>
+GroupedKernelInfo InfoOf(int rows_per_kv_head) {
   GroupedKernelInfo info;
-#define JAX_PAGED_GROUPED_INFO_(QELEM, CELEM, H)                 \
-  if (head_size == H) {                                           \
-    info.smem_bytes = GroupedConfig<QELEM, CELEM, H>::kSmemBytes; \
-    info.ctas_per_sm = GroupedConfig<QELEM, CELEM, H>::kCtasPerSm; \
+  if constexpr (RowSplitAvailable(QELEM, CELEM, H)) {
+    if (rows_per_kv_head > kMaxRows) {
+      using R = GroupedConfig<QELEM, CELEM, H, true>;
+      info.smem_bytes = R::kSmemBytes;
+      info.ctas_per_sm = R::kCtasPerSm;
+      info.rows_per_cta = R::kRows;
+      return info;
+    }
   }
+  info.smem_bytes = GroupedConfig<QELEM, CELEM, H>::kSmemBytes;
+  info.ctas_per_sm = GroupedConfig<QELEM, CELEM, H>::kCtasPerSm;
+  info.rows_per_cta = GroupedConfig<QELEM, CELEM, H>::kRows;
+  return info;
+}
+
+GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,
+                              int rows_per_kv_head) {
+  GroupedKernelInfo info;
+#define JAX_PAGED_GROUPED_INFO_(QELEM, CELEM, H) \
+  if (head_size == H) info = InfoOf<QELEM, CELEM, H>(rows_per_kv_head);
   if (cache_kind != CacheKind::kSameAsQuery) {
     if (query_kind == ScalarKind::kF32) return info;  // fp8 caches need a 16-bit query
     JAX_PAGED_FP8_HEAD_SIZES_A(JAX_PAGED_GROUPED_INFO_, 2, 1)
@@ -86,7 +104,9 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
   if (major > 0 && major < 9)
     return ArgError(std::string(op) + ": the grouped kernel needs compute capability 9.0 "
                     "(Hopper) or newer (bulk copies); use impl=\"v2\" on this GPU");
-  const size_t smem = cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size).smem_bytes;
+  const size_t smem = cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size,
+                                                 (p.num_heads / p.num_kv_heads) * p.q_len)
+                         .smem_bytes;
   const int optin = cuda::MaxSharedMemoryOptin(device);
   if (optin > 0 && smem > static_cast<size_t>(optin))
     return ArgError(std::string(op) + ": needs " + std::to_string(smem) +
@@ -124,12 +144,28 @@ void JaxPagedSetGroupedTrace(uintptr_t buffer, int capacity_ctas) {
 }
 #endif
 
-int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size) {
+namespace {
+jax_paged::cuda::grouped::GroupedKernelInfo InfoForItemsizes(int query_itemsize,
+                                                            int cache_itemsize, int head_size,
+                                                            int rows_per_kv_head) {
   using jax_paged::CacheKind;
   using jax_paged::ScalarKind;
   const ScalarKind query_kind = query_itemsize == 4 ? ScalarKind::kF32 : ScalarKind::kBF16;
   const CacheKind cache_kind = cache_itemsize == 1 ? CacheKind::kFp8E4M3 : CacheKind::kSameAsQuery;
-  return jax_paged::cuda::grouped::GroupedInfo(query_kind, cache_kind, head_size).ctas_per_sm;
+  return jax_paged::cuda::grouped::GroupedInfo(query_kind, cache_kind, head_size,
+                                               rows_per_kv_head);
+}
+}  // namespace
+
+int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size,
+                             int rows_per_kv_head) {
+  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head).ctas_per_sm;
+}
+
+int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_size,
+                              int rows_per_kv_head) {
+  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head)
+      .rows_per_cta;
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda,

@@ -34,10 +34,14 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedReshapeAndCacheCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedCopyBlocksCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda);
 
-// CUDA only: CTAs of the grouped kernel resident per SM for a query /
-// cache element size (bytes; 1 = fp8) and head size, 0 if unsupported.
-// The Python partition rule sizes its split with it.
-int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size);
+// CUDA only: CTAs resident per SM (0 if unsupported) and query rows per CTA of
+// the grouped kernel a call runs, for a query / cache element size (bytes; 1 =
+// fp8), head size and query rows per KV head (q_len * group). The Python
+// partition rule sizes its split with them.
+int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size,
+                             int rows_per_kv_head);
+int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_size,
+                              int rows_per_kv_head);
 
 #ifdef JAX_PAGED_TRACE
 #include <cstdint>

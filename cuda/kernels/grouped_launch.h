@@ -39,7 +39,12 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
 // caches, which need QELEM == 2: they are widened to f16 in registers,
 // exactly, for the f16 tensor cores). D: head size.
-template <int QELEM, int CELEM, int D>
+// kRowSplit (development build option JAX_PAGED_ROW_SPLIT, 16-bit caches, D <= 128):
+// the CTA holds kWarps * 16 = 64 query rows, warp w owning rows 16w..16w+15 and
+// computing every token slice of each tile for them, so that a KV head with more
+// than 16 rows (q_len * group > 16) reads each page once per 64 rows instead of
+// once per 16 (see SelectGroupedKernel).
+template <int QELEM, int CELEM, int D, bool kRowSplit = false>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
   static constexpr bool kFp8 = CELEM == 1;
@@ -68,6 +73,17 @@ struct GroupedConfig {
   static_assert(kTile % kMaxBlockSize == 0, "a tile must hold whole pages");
   static constexpr int kTileElems = kTile * D;  // elements of K (or of V) in one stage
   static constexpr int kStageBytes = 2 * kTileElems * CELEM;
+  static_assert(!kRowSplit || (kMma && !kFp8 && kWarpsPerSlice == 1),
+                "the row split is for 16-bit caches with one warp per slice (D <= 128)");
+  // Query rows per CTA; token slices each warp computes per tile; slice partials
+  // the epilogue merges per row.
+  static constexpr int kRows = kRowSplit ? kWarps * kMaxRows : kMaxRows;
+  static constexpr int kSlicesPerWarp = kRowSplit ? kSlices : 1;
+  static constexpr int kMergeSlices = kRowSplit ? 1 : kSlices;
+  // Query rows in shared memory, padded so that ldmatrix rows (16-bit path)
+  // or float4 rows (f32 path) fall in different banks.
+  static constexpr int kQStride = kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4;  // elements
+  static constexpr int kQBytes = RoundUp(kRows * kQStride * QELEM, 16);
   // Target of CTAs resident per SM on Hopper (228 KB of shared memory): four
   // when a stage is at most 16 KB (head size 64 at 16 bits, fp8 caches up to
   // head size 128), with ~48 KB of stages each; otherwise two, with ~100 KB
@@ -76,16 +92,13 @@ struct GroupedConfig {
   // its latencies (D=64 at two CTAs per SM: 77% of copy bandwidth on the
   // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs
   // per SM at D=64 made 512 CTAs 1.29 waves: 78%.)
+  // (The row split's larger query buffer comes out of the stages' share.)
   static constexpr int kTargetCtasPerSm = kStageBytes <= 16 * 1024 ? 4 : 2;
-  static constexpr int kStages =
-      ClampInt((kTargetCtasPerSm == 4 ? 48 : 100) * 1024 / kStageBytes, 2, 6);
-  // Query rows in shared memory, padded so that ldmatrix rows (16-bit path)
-  // or float4 rows (f32 path) fall in different banks.
-  static constexpr int kQStride = kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4;  // elements
+  static constexpr int kStages = ClampInt(
+      ((kTargetCtasPerSm == 4 ? 48 : 100) * 1024 - (kRowSplit ? kQBytes : 0)) / kStageBytes, 2, 6);
   static constexpr int kQOff = kStages * kStageBytes;
-  static constexpr int kQBytes = RoundUp(kMaxRows * kQStride * QELEM, 16);
-  static constexpr int kMlOff = kQOff + kQBytes;  // [kSlices][kMaxRows][2] float (max, sum)
-  static constexpr int kMlBytes = kSlices * kMaxRows * 2 * 4;
+  static constexpr int kMlOff = kQOff + kQBytes;  // [kMergeSlices][kRows][2] float (max, sum)
+  static constexpr int kMlBytes = kMergeSlices * kRows * 2 * 4;
   static constexpr int kMaskOff = kMlOff + kMlBytes;  // [kStages] uint32 page-valid bits
   static constexpr int kBarOff = RoundUp(kMaskOff + kStages * 4, 8);  // [kStages] mbarrier
   static constexpr int kSmemBytes = kBarOff + kStages * 8;
@@ -95,7 +108,7 @@ struct GroupedConfig {
   // (an 8-way conflict); D + 8 spreads them over all 32 banks (measured on
   // the H200: B=1 L=32768 0.6 us, B=8 L=8192 1.5 us faster, see BENCHMARKS.md).
   static constexpr int kObufStride = D + 8;
-  static_assert(kSlices * kMaxRows * kObufStride * 4 <= kStages * kStageBytes, "combine buffer");
+  static_assert(kMergeSlices * kRows * kObufStride * 4 <= kStages * kStageBytes, "combine buffer");
   // Resident CTAs per SM (1 KB of shared memory reserved per CTA): the
   // kernel's minimum-blocks bound, and what the Python partition rule
   // sizes its split with (grouped_ctas_per_sm).
@@ -103,13 +116,31 @@ struct GroupedConfig {
       ClampInt(228 * 1024 / (kSmemBytes + 1024), 1, kTargetCtasPerSm);
 };
 
-// Dynamic shared memory of one CTA and CTAs per SM (GroupedConfig), both 0
-// for an unsupported head size or query / cache combination.
+// Whether the row split (GroupedConfig's kRowSplit) is built and exists for
+// these element sizes and head size: only in a -DJAX_PAGED_ROW_SPLIT=ON build
+// (development), for 16-bit caches of the query's dtype at head sizes <= 128.
+constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
+#ifdef JAX_PAGED_ROW_SPLIT
+  return qelem == 2 && celem == 2 && d < 192;
+#else
+  (void)qelem;
+  (void)celem;
+  (void)d;
+  return false;
+#endif
+}
+
+// Dynamic shared memory of one CTA, CTAs per SM and query rows per CTA
+// (GroupedConfig) of the kernel a call with `rows_per_kv_head` query rows per KV
+// head (q_len * group) runs; smem_bytes and ctas_per_sm are 0 for an
+// unsupported head size or query / cache combination.
 struct GroupedKernelInfo {
   size_t smem_bytes = 0;
   int ctas_per_sm = 0;
+  int rows_per_cta = 16;
 };
-GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size);
+GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,
+                              int rows_per_kv_head = 1);
 
 // Launches the grouped kernel over the V2 workspace of `p` and, when
 // p.max_num_partitions > 1, the V2 reduce kernel (paged_attention.cuh);

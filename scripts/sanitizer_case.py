@@ -40,6 +40,7 @@ ATTENTION_CASES = [
     ("float16", 64, 8, 4, 4, [5, 513, 1024], True),           # MHA, ALiBi, block 8
     ("float32", 256, 32, 6, 1, [33, 700], False),             # MQA, head 256, block 32
     ("bfloat16", 80, 16, 5, 1, [1000, 2], False),             # odd head size and group
+    ("float16", 64, 32, 24, 1, [3, 100, 530], False),         # 24 (q_len 3: 72) rows per KV head
 ]
 
 

@@ -27,6 +27,10 @@
 //     BS tokens are contiguous), the softmax sum over the unrounded P. fp32
 //     accumulation. fp8 caches: the same in f16 (see below).
 //   * f32: the same fragment layout computed with fp32 FMAs (CUDA cores).
+// Row split (development build option JAX_PAGED_ROW_SPLIT, 16-bit caches, D <=
+// 128): a KV head with more than 16 query rows takes CTAs of up to 64 rows
+// instead of 16, warp w computing rows 16w..16w+15 over every slice of each tile,
+// so that each page is copied once per 64 rows.
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the

@@ -933,6 +933,10 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
         f"copy bandwidth (this run): {fmt_bw(copy, 0)} TB/s "
         f"[loop {fmt_bw(cb.get('loop', {}).get('tbps'), 0)}, dispatch {fmt_bw(cb.get('dispatch', {}).get('tbps'), 0)}; "
         f"{cb.get('array_bytes', 0) / 2**30:.2f} GiB float32 y = x + 1, bytes read + written]")
+    dev_opts = meta.get("jax_paged_development_options") or []
+    if dev_opts:
+        lines.append("jax_paged built with development options: " + " ".join(dev_opts)
+                     + " (not the default kernels)")
     lines.append(f"device: {meta['device']} | jax {meta['jax_version']} | {meta['date']} | "
                  f"dtype {meta['args']['dtype']} | timing: {method}, median of {meta['args']['reps']}, "
                  f"~{meta['args']['target_ms']} ms per sample (see JSON 'method')")
@@ -1141,6 +1145,9 @@ def main(argv=None) -> int:
         jax_paged_version=getattr(jp, "__version__", None),
         jax_paged_file=getattr(jp, "__file__", None),
         jax_paged_cuda_kernels=(jp.has_cuda_kernels() if hasattr(jp, "has_cuda_kernels") else None),
+        # A probe's or a candidate's build must never pass for the default kernels.
+        jax_paged_development_options=list(
+            getattr(getattr(jp, "_native", None), "cuda_development_options", tuple)()),
         python=platform.python_version(),
         copy_bandwidth=copy,
         method={k: v for k, v in METHOD_TEXT.items() if args.method in (k, "both")},

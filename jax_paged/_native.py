@@ -52,3 +52,11 @@ cuda_module = _load("_cuda", "CUDA", required=False)
 def has_cuda_kernels() -> bool:
     """True when the CUDA kernels were built (whether or not a GPU is present)."""
     return cuda_module is not None
+
+
+def cuda_development_options() -> tuple[str, ...]:
+    """The development build options (CMakeLists.txt, "(development)": timing
+    probes with wrong results, candidate kernels under measurement) the CUDA
+    kernels were built with, e.g. ("ROW_SPLIT",); () for a default build or
+    without the CUDA module."""
+    return tuple(getattr(cuda_module, "development_options", "").split())

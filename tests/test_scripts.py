@@ -61,3 +61,18 @@ def test_ab_build_switches_off_every_option_of_b_and_c_in_a():
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ab_build.sh")], env=env,
                          capture_output=True, text=True, check=True, timeout=60).stdout
     assert "C=\n" in out
+
+
+def test_development_options_reported_by_the_cuda_module_are_cmake_options():
+    """jax_paged._native.cuda_development_options() (recorded in the benchmark's JSON) names
+    only CMakeLists.txt's development options, without the JAX_PAGED_ prefix; () without the
+    CUDA module or in a default build."""
+    import jax_paged
+    known = {name[len("JAX_PAGED_"):] for name, text in _cmake_options() if "(development)" in text}
+    opts = jax_paged._native.cuda_development_options()
+    assert isinstance(opts, tuple) and set(opts) <= known
+    if not jax_paged.has_cuda_kernels():
+        assert opts == ()
+    with open(os.path.join(ROOT, "cuda", "ffi", "cuda_grouped.cu")) as f:
+        listed = set(re.findall(r'"([A-Z0-9_]+) "', f.read()))
+    assert listed == known, "cuda_grouped.cu's JaxPagedDevelopmentOptions must list every option"

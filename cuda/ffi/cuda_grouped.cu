@@ -168,6 +168,26 @@ int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_s
       .rows_per_cta;
 }
 
+const char* JaxPagedDevelopmentOptions() {
+  return ""
+#ifdef JAX_PAGED_TRACE
+         "TRACE "
+#endif
+#ifdef JAX_PAGED_PROBE_NO_COMPUTE
+         "PROBE_NO_COMPUTE "
+#endif
+#ifdef JAX_PAGED_PROBE_NO_REDUCE
+         "PROBE_NO_REDUCE "
+#endif
+#ifdef JAX_PAGED_ROW_SPLIT
+         "ROW_SPLIT "
+#endif
+#ifdef JAX_PAGED_WIDE_FP8_SLICES_128
+         "WIDE_FP8_SLICES_128 "
+#endif
+      ;
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda,
                               jax_paged::cuda::PartitionedAttention<jax_paged::RunGroupedAttention>,
                               jax_paged::PartitionedAttentionBinding(),

@@ -42,6 +42,10 @@ int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_si
                              int rows_per_kv_head);
 int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_size,
                               int rows_per_kv_head);
+// CUDA only: the development build options (CMakeLists.txt, "(development)") the
+// kernels were built with, space-separated without the JAX_PAGED_ prefix; "" for
+// a default build.
+const char* JaxPagedDevelopmentOptions();
 
 #ifdef JAX_PAGED_TRACE
 #include <cstdint>

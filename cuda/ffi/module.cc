@@ -40,6 +40,7 @@ NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
         nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head") = 1);
   m.def("grouped_rows_per_cta", &JaxPagedGroupedRowsPerCta, nb::arg("query_itemsize"),
         nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head") = 1);
+  m.attr("development_options") = JaxPagedDevelopmentOptions();
 #ifdef JAX_PAGED_TRACE
   m.def("set_grouped_trace", &JaxPagedSetGroupedTrace, nb::arg("buffer"), nb::arg("capacity_ctas"));
 #endif

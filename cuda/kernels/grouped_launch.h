@@ -65,7 +65,15 @@ struct GroupedConfig {
   // twice as much per byte at head 64 as at 128. H200, seventh session:
   // 64x32x8x4096 head 64 e4m3, 82.0 -> 74.4 us at block 16, 102.0 -> 85.9
   // at block 8), else 1.
+#ifdef JAX_PAGED_WIDE_FP8_SLICES_128
+  // Development option (not yet run on a GPU): 32-token slices for fp8 caches up
+  // to head size 128 too: 32 KB stages at two CTAs per SM instead of 16 KB at
+  // four, so half the partitions at B=1 (one round of the V2 reduce) and half the
+  // per-slice softmax work.
+  static constexpr int kSubSlices = kFp8 && D <= 128 ? 2 : 1;
+#else
   static constexpr int kSubSlices = kFp8 && D <= 64 ? 2 : 1;
+#endif
   static constexpr int kTile = 16 * kSlices * kSubSlices;  // tokens per stage (32..128)
   static constexpr int kDimsPerWarp = D / kWarpsPerSlice;
   static constexpr int kNTiles = kDimsPerWarp / 8;  // P.V n-tiles (8 dims) per warp

@@ -1146,8 +1146,7 @@ def main(argv=None) -> int:
         jax_paged_file=getattr(jp, "__file__", None),
         jax_paged_cuda_kernels=(jp.has_cuda_kernels() if hasattr(jp, "has_cuda_kernels") else None),
         # A probe's or a candidate's build must never pass for the default kernels.
-        jax_paged_development_options=list(
-            getattr(getattr(jp, "_native", None), "cuda_development_options", tuple)()),
+        jax_paged_development_options=list(jp._native.cuda_development_options()),
         python=platform.python_version(),
         copy_bandwidth=copy,
         method={k: v for k, v in METHOD_TEXT.items() if args.method in (k, "both")},

@@ -156,7 +156,7 @@ def grouped_rows_per_cta(dims: _shapes.AttentionDims, query_dtype) -> int:
     with the row split (CMake option JAX_PAGED_ROW_SPLIT, development); 16
     without the module."""
     module = _native.cuda_module
-    if module is None or not hasattr(module, "grouped_rows_per_cta"):
+    if module is None:
         return 16
     return module.grouped_rows_per_cta(*_grouped_layout_args(dims, query_dtype)) or 16
 

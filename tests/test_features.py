@@ -994,9 +994,9 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     assert primitives.grouped_partition_size("cuda", dims16) == 4096
     # The same 64 rows in one CTA (the row split): 8 CTAs per partition, 33 splits.
     assert primitives.grouped_partition_size("cuda", dims16, rows_per_cta=64) == 1008
-    # Without the row split in the build (or without the CUDA module): 16 rows per CTA.
-    if not primitives.grouped_rows_per_cta(dims16, jnp.bfloat16) == 64:
-        assert primitives.grouped_rows_per_cta(dims16, jnp.bfloat16) == 16
+    # 64 rows per CTA only in a build with the row split (a development option).
+    row_split = "ROW_SPLIT" in jax_paged._native.cuda_development_options()
+    assert primitives.grouped_rows_per_cta(dims16, jnp.bfloat16) == (64 if row_split else 16)
     assert primitives.grouped_rows_per_cta(dims, jnp.bfloat16) == 16   # 4 rows per KV head
 
 

@@ -28,24 +28,23 @@ namespace jax_paged {
 namespace cuda {
 namespace grouped {
 
-// The configuration SelectGroupedKernel (grouped_attention.cuh) picks: the row
-// split where it is available and the KV head has more than kMaxRows rows.
+template <typename C>
+GroupedKernelInfo InfoFromConfig() {
+  GroupedKernelInfo info;
+  info.smem_bytes = C::kSmemBytes;
+  info.ctas_per_sm = C::kCtasPerSm;
+  info.rows_per_cta = C::kRows;
+  return info;
+}
+
+// The configuration SelectGroupedKernel (grouped_attention.cuh) picks (TakesRowSplit).
 template <int QELEM, int CELEM, int H>
 GroupedKernelInfo InfoOf(int rows_per_kv_head) {
-  GroupedKernelInfo info;
   if constexpr (RowSplitAvailable(QELEM, CELEM, H)) {
-    if (rows_per_kv_head > kMaxRows) {
-      using R = GroupedConfig<QELEM, CELEM, H, true>;
-      info.smem_bytes = R::kSmemBytes;
-      info.ctas_per_sm = R::kCtasPerSm;
-      info.rows_per_cta = R::kRows;
-      return info;
-    }
+    if (TakesRowSplit(QELEM, CELEM, H, rows_per_kv_head))
+      return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, true>>();
   }
-  info.smem_bytes = GroupedConfig<QELEM, CELEM, H>::kSmemBytes;
-  info.ctas_per_sm = GroupedConfig<QELEM, CELEM, H>::kCtasPerSm;
-  info.rows_per_cta = GroupedConfig<QELEM, CELEM, H>::kRows;
-  return info;
+  return InfoFromConfig<GroupedConfig<QELEM, CELEM, H>>();
 }
 
 GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,
@@ -104,9 +103,9 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
   if (major > 0 && major < 9)
     return ArgError(std::string(op) + ": the grouped kernel needs compute capability 9.0 "
                     "(Hopper) or newer (bulk copies); use impl=\"v2\" on this GPU");
-  const size_t smem = cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size,
-                                                 (p.num_heads / p.num_kv_heads) * p.q_len)
-                         .smem_bytes;
+  const size_t smem =
+      cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size, cuda::grouped::RowsPerKvHead(p))
+          .smem_bytes;
   const int optin = cuda::MaxSharedMemoryOptin(device);
   if (optin > 0 && smem > static_cast<size_t>(optin))
     return ArgError(std::string(op) + ": needs " + std::to_string(smem) +

@@ -657,13 +657,13 @@ __global__ void __launch_bounds__(
       // offsets (k_off, ...) lie in a slice's first 16 tokens of a page, so the
       // shift below never crosses out of a page (st is a multiple of 16).
       const int st = sl * kSliceTokens;  // 0 without the row split
-      const uint32_t k_off_s =
-          kRowSplit ? k_off + (((st >> log2_bs) * page_elems + (st & (BS - 1)) * 8) * 2) : k_off;
-      const uint32_t k_tail_off_s =
-          kRowSplit ? k_tail_off + (((st >> log2_bs) * page_elems + (st & (BS - 1)) * 8) * 2)
-                    : k_tail_off;
-      const uint32_t v_off_s =
-          kRowSplit ? v_off + (((st >> log2_bs) * page_elems + (st & (BS - 1))) * 2) : v_off;
+      // Byte shifts of K (8 elements per token within a chunk) and V (1).
+      const uint32_t k_shift =
+          kRowSplit ? ((st >> log2_bs) * page_elems + (st & (BS - 1)) * 8) * 2 : 0u;
+      const uint32_t v_shift = kRowSplit ? ((st >> log2_bs) * page_elems + (st & (BS - 1))) * 2 : 0u;
+      const uint32_t k_off_s = k_off + k_shift;
+      const uint32_t k_tail_off_s = k_tail_off + k_shift;
+      const uint32_t v_off_s = v_off + v_shift;
       const int tbase = tile_tok0 + slice_tok_r + st;  // this slice's first token
       // Tokens of the slice that hold data (bit j: token tbase + j): before L,
       // in a page that was copied.
@@ -1098,8 +1098,8 @@ GroupedInstance GroupedInstanceOf() {
 
 // Raises the shared-memory limit and the carveout hint of one kernel
 // instantiation, once per device.
-inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, size_t smem_bytes, int device) {
-  if (cudaError_t err = EnsureSmemOptin(g.kernel, smem_bytes, device, g.smem_configured);
+inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) {
+  if (cudaError_t err = EnsureSmemOptin(g.kernel, g.smem_bytes, device, g.smem_configured);
       err != cudaSuccess)
     return err;
   // All data goes through shared memory: prefer the largest carveout so that
@@ -1158,20 +1158,25 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p) {
 // are not even instantiated.)
 template <typename T, typename TC, int D>
 GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p) {
-  if constexpr (RowSplitAvailable(static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D)) {
-    if ((p.num_heads / p.num_kv_heads) * p.q_len > kMaxRows)
-      return SelectGroupedKernelOf<T, TC, D, true>(p);
+  constexpr int kQ = static_cast<int>(sizeof(T)), kC = static_cast<int>(sizeof(TC));
+  if constexpr (RowSplitAvailable(kQ, kC, D)) {
+    if (TakesRowSplit(kQ, kC, D, RowsPerKvHead(p))) return SelectGroupedKernelOf<T, TC, D, true>(p);
   }
   return SelectGroupedKernelOf<T, TC, D, false>(p);
 }
+
+#ifdef JAX_PAGED_PROBE_NO_REDUCE
+constexpr bool kProbeNoReduce = true;  // timing probe (development, wrong results with a split)
+#else
+constexpr bool kProbeNoReduce = false;
+#endif
 
 template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
                                    cudaStream_t stream) {
   const GroupedInstance g = SelectGroupedKernel<T, TC, HEAD_SIZE>(p);
-  if (cudaError_t err = ConfigureGroupedKernel(g, g.smem_bytes, device); err != cudaSuccess)
-    return err;
-  const int rows = (p.num_heads / p.num_kv_heads) * p.q_len;  // per KV head
+  if (cudaError_t err = ConfigureGroupedKernel(g, device); err != cudaSuccess) return err;
+  const int rows = RowsPerKvHead(p);
   const int group_chunks = (rows + g.max_rows - 1) / g.max_rows;
   const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
@@ -1180,12 +1185,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
     g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
              g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
-#ifdef JAX_PAGED_PROBE_NO_REDUCE
-    // Timing probe (development, wrong results with a split): no V2 reduce.
-    if (false) {
-#else
-    if (!direct_out) {
-#endif
+    if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;
     }

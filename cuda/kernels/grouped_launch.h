@@ -111,7 +111,7 @@ struct GroupedConfig {
   static constexpr int kBarOff = RoundUp(kMaskOff + kStages * 4, 8);  // [kStages] mbarrier
   static constexpr int kSmemBytes = kBarOff + kStages * 8;
   // The final cross-slice combine reuses the stage buffers:
-  // [kSlices][kMaxRows][kObufStride] float. Rows of D floats would put the
+  // [kMergeSlices][kRows][kObufStride] float. Rows of D floats would put the
   // eight rows of a warp's float2 stores in the same banks when D % 32 == 0
   // (an 8-way conflict); D + 8 spreads them over all 32 banks (measured on
   // the H200: B=1 L=32768 0.6 us, B=8 L=8192 1.5 us faster, see BENCHMARKS.md).
@@ -136,6 +136,19 @@ constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
   (void)d;
   return false;
 #endif
+}
+
+// Query rows of one KV head in a call: q_len * group (the grouped kernel's rows).
+inline int RowsPerKvHead(const PagedAttentionParams& p) {
+  return (p.num_heads / p.num_kv_heads) * p.q_len;
+}
+
+// Whether a call with these element sizes, head size and rows per KV head runs
+// the row split: where it is available (RowSplitAvailable), for more rows than
+// one 16-row tile. The one rule for the kernel choice (SelectGroupedKernel) and
+// the layout reported to Python (GroupedInfo).
+constexpr bool TakesRowSplit(int qelem, int celem, int d, int rows_per_kv_head) {
+  return RowSplitAvailable(qelem, celem, d) && rows_per_kv_head > kMaxRows;
 }
 
 // Dynamic shared memory of one CTA, CTAs per SM and query rows per CTA

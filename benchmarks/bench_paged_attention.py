@@ -1017,8 +1017,11 @@ def parse_args(argv=None):
                    help="tiny configs, few repeats: a smoke run (CPU or GPU)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--impls", action="append", default=[],
-                   help="extra jax_paged impl names, comma-separated (auto, v1, v2 always run); "
+                   help="extra jax_paged impl names, comma-separated (auto, v1, v2 always run "
+                        "unless --no-classic); "
                         "'all' = every name in jax_paged.primitives.IMPLS")
+    p.add_argument("--no-classic", action="store_true",
+                   help="skip the classic v1 and v2 rows (feature and A/B runs)")
     p.add_argument("--no-pallas", action="store_true")
     p.add_argument("--no-reference", action="store_true")
     p.add_argument("--pallas-opt", action="append", default=[], metavar="KEY=INT",
@@ -1123,7 +1126,7 @@ def main(argv=None) -> int:
         args.extra_impls = [n for n in dict.fromkeys(
             [e for e in args.extra_impls if e != "all"] + declared)
             if n not in ("auto", "v1", "v2", "reference")]
-    impls = ["auto", "v1", "v2"] + args.extra_impls
+    impls = ["auto"] + ([] if args.no_classic else ["v1", "v2"]) + args.extra_impls
     variants = [v[0] for v in variant_list(args)]
     impl_order = impls + variants + ["reference", "pallas"]
 

@@ -57,6 +57,6 @@ def has_cuda_kernels() -> bool:
 def cuda_development_options() -> tuple[str, ...]:
     """The development build options (CMakeLists.txt, "(development)": timing
     probes with wrong results, candidate kernels under measurement) the CUDA
-    kernels were built with, e.g. ("ROW_SPLIT",); () for a default build or
+    kernels were built with, e.g. ("TRACE",); () for a default build or
     without the CUDA module."""
     return tuple(getattr(cuda_module, "development_options", "").split())

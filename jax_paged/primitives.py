@@ -136,7 +136,7 @@ def _grouped_layout_args(dims: _shapes.AttentionDims, query_dtype) -> tuple:
     cache_itemsize = (query_itemsize if dims.cache_dtype is None
                       else np.dtype(dims.cache_dtype).itemsize)
     rows = dims.q_len * (dims.num_heads // dims.num_kv_heads)
-    return query_itemsize, cache_itemsize, dims.head_size, rows
+    return query_itemsize, cache_itemsize, dims.head_size, rows, dims.q_len
 
 
 def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
@@ -152,9 +152,10 @@ def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
 
 def grouped_rows_per_cta(dims: _shapes.AttentionDims, query_dtype) -> int:
     """Query rows per CTA of the CUDA grouped kernel this call runs: 16 (one
-    tensor-core row tile), or 64 for more than 16 rows per KV head in a build
-    with the row split (CMake option JAX_PAGED_ROW_SPLIT, development); 16
-    without the module."""
+    tensor-core row tile), or 32 or 64 for multi-token queries with more than
+    16 rows per KV head (the row split: 16-bit caches, head size <= 128; the
+    environment variable JAX_PAGED_ROW_SPLIT=0 switches it off); 16 without the
+    module."""
     module = _native.cuda_module
     if module is None:
         return 16

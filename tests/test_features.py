@@ -9,6 +9,8 @@ kernel that reads what it must not read produces NaN.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -342,14 +344,16 @@ def test_multi_token(platform, impl, q_len):
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,q_len", [(32, 1, None), (80, 1, None),
-                                                          (16, 2, 5), (8, 2, 17)])
+                                                          (8, 1, 3), (2, 1, 16), (16, 2, 5),
+                                                          (8, 2, 17)])
 @pytest.mark.parametrize("head_size,block_size", [(64, 8), (120, 32), (128, 16)])
 def test_many_query_rows_per_kv_head(platform, num_heads, num_kv_heads, q_len, head_size,
                                      block_size):
-    """More than 16 query rows per KV head (q_len * group = 32, 80, 40, 68): the
-    grouped CUDA kernel takes several 16-row CTAs per KV head, or with the row
-    split (CMake JAX_PAGED_ROW_SPLIT) CTAs of up to 64 rows whose last row
-    blocks are partly or wholly empty. Plain decode, the soft-capped plain step
+    """More than 16 query rows per KV head (q_len * group = 32, 80, 24, 32, 40,
+    68): a decode step takes several 16-row CTAs per KV head; multi-token
+    queries take the row split's CTAs of 32 or 64 rows (24: a 32-row CTA whose
+    second row block is half empty; 40, 34 + 34: 64-row CTAs with a partly
+    empty and an idle row block). Plain decode, the soft-capped plain step
     and LSE, split over partitions and not."""
     rng = np.random.default_rng(num_heads + head_size + block_size + (q_len or 0))
     for lens in ([0, 1, q_len or 2, 511, 513, 1100], list(rng.integers(0, 200, size=24))):
@@ -357,6 +361,10 @@ def test_many_query_rows_per_kv_head(platform, num_heads, num_kv_heads, q_len, h
                           jnp.bfloat16, q_len=q_len)
         compare(platform, inp, "grouped", return_lse=True)
         compare(platform, inp, "grouped", soft_cap=5.0)
+        if q_len:  # the row split's general kernel: per-row ranges, ALiBi, window
+            slopes = (2.0 ** -rng.uniform(0, 8, size=num_heads)).astype(np.float32)
+            compare(platform, inp, "grouped", alibi_slopes=slopes, sliding_window=100,
+                    soft_cap=5.0, return_lse=True)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -994,10 +1002,24 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     assert primitives.grouped_partition_size("cuda", dims16) == 4096
     # The same 64 rows in one CTA (the row split): 8 CTAs per partition, 33 splits.
     assert primitives.grouped_partition_size("cuda", dims16, rows_per_cta=64) == 1008
-    # 64 rows per CTA only in a build with the row split (a development option).
-    row_split = "ROW_SPLIT" in jax_paged._native.cuda_development_options()
+    if not jax_paged.has_cuda_kernels():
+        pytest.skip("the CUDA module is not built")
+    # The row split (multi-token queries, 16-bit caches, head size <= 128): as few
+    # 16-row blocks as hold the KV head's rows, up to 4; off with JAX_PAGED_ROW_SPLIT=0.
+    row_split = os.environ.get("JAX_PAGED_ROW_SPLIT") != "0"
+    dims8 = _shapes.AttentionDims(**{**dims.__dict__, "q_len": 8})
     assert primitives.grouped_rows_per_cta(dims16, jnp.bfloat16) == (64 if row_split else 16)
+    assert primitives.grouped_rows_per_cta(dims8, jnp.bfloat16) == (32 if row_split else 16)
     assert primitives.grouped_rows_per_cta(dims, jnp.bfloat16) == 16   # 4 rows per KV head
+    # A decode step keeps 16-row CTAs, even with 32 query heads per KV head.
+    mqa = _shapes.AttentionDims(**{**dims.__dict__, "num_kv_heads": 1})
+    assert primitives.grouped_rows_per_cta(mqa, jnp.bfloat16) == 16
+    # Not for fp8 or f32 caches, nor for head sizes above 128.
+    fp8_16 = _shapes.AttentionDims(**{**dims16.__dict__, "cache_dtype": np.dtype(jnp.float8_e4m3fn)})
+    assert primitives.grouped_rows_per_cta(fp8_16, jnp.bfloat16) == 16
+    assert primitives.grouped_rows_per_cta(dims16, jnp.float32) == 16
+    assert primitives.grouped_rows_per_cta(
+        _shapes.AttentionDims(**{**dims16.__dict__, "head_size": 256}), jnp.bfloat16) == 16
 
 
 def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):
@@ -1014,9 +1036,7 @@ def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):
     fp8 = dict(dims.__dict__, cache_dtype=np.dtype(jnp.float8_e4m3fn))
     assert per_sm(dims, jnp.bfloat16) == 4          # 16 KiB stages
     assert per_sm(_shapes.AttentionDims(**{**dims.__dict__, "head_size": 128}), jnp.bfloat16) == 2
-    # (4 in a default build; 2 with 32-token fp8 slices up to head 128, a development option.)
-    wide = "WIDE_FP8_SLICES_128" in jax_paged._native.cuda_development_options()
-    assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 128}), jnp.bfloat16) == (2 if wide else 4)
+    assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 128}), jnp.bfloat16) == 4
     # fp8, head 256: one warp per 16-token slice, so 64-token stages of 32 KiB: two.
     assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 256}), jnp.bfloat16) == 2
     assert per_sm(dims, jnp.float32) == 2           # f32 stages are twice as large

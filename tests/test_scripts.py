@@ -30,8 +30,7 @@ def test_every_development_option_is_switched_off_by_gpu_check():
     first draft of the probes) or without the mark would stay cached on a warm machine."""
     options = _cmake_options()
     dev = [name for name, text in options if "(development)" in text]
-    assert {"JAX_PAGED_TRACE", "JAX_PAGED_PROBE_NO_COMPUTE", "JAX_PAGED_PROBE_NO_REDUCE",
-            "JAX_PAGED_ROW_SPLIT"} <= set(dev)
+    assert {"JAX_PAGED_TRACE", "JAX_PAGED_PROBE_NO_COMPUTE", "JAX_PAGED_PROBE_NO_REDUCE"} <= set(dev)
     with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
         text = f.read()
     # The same sed expression as scripts/gpu_check.sh's install stage.

@@ -37,21 +37,24 @@ GroupedKernelInfo InfoFromConfig() {
   return info;
 }
 
-// The configuration SelectGroupedKernel (grouped_attention.cuh) picks (TakesRowSplit).
+// The configuration SelectGroupedKernel (grouped_attention.cuh) picks (RowBlocks).
 template <int QELEM, int CELEM, int H>
-GroupedKernelInfo InfoOf(int rows_per_kv_head) {
+GroupedKernelInfo InfoOf(int rows_per_kv_head, int q_len) {
   if constexpr (RowSplitAvailable(QELEM, CELEM, H)) {
-    if (TakesRowSplit(QELEM, CELEM, H, rows_per_kv_head))
-      return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, true>>();
+    switch (RowBlocks(QELEM, CELEM, H, q_len, rows_per_kv_head)) {
+      case 4: return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, 4>>();
+      case 2: return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, 2>>();
+      default: break;
+    }
   }
   return InfoFromConfig<GroupedConfig<QELEM, CELEM, H>>();
 }
 
 GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,
-                              int rows_per_kv_head) {
+                              int rows_per_kv_head, int q_len) {
   GroupedKernelInfo info;
 #define JAX_PAGED_GROUPED_INFO_(QELEM, CELEM, H) \
-  if (head_size == H) info = InfoOf<QELEM, CELEM, H>(rows_per_kv_head);
+  if (head_size == H) info = InfoOf<QELEM, CELEM, H>(rows_per_kv_head, q_len);
   if (cache_kind != CacheKind::kSameAsQuery) {
     if (query_kind == ScalarKind::kF32) return info;  // fp8 caches need a 16-bit query
     JAX_PAGED_FP8_HEAD_SIZES_A(JAX_PAGED_GROUPED_INFO_, 2, 1)
@@ -103,9 +106,9 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
   if (major > 0 && major < 9)
     return ArgError(std::string(op) + ": the grouped kernel needs compute capability 9.0 "
                     "(Hopper) or newer (bulk copies); use impl=\"v2\" on this GPU");
-  const size_t smem =
-      cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size, cuda::grouped::RowsPerKvHead(p))
-          .smem_bytes;
+  const size_t smem = cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size,
+                                                 cuda::grouped::RowsPerKvHead(p), p.q_len)
+                           .smem_bytes;
   const int optin = cuda::MaxSharedMemoryOptin(device);
   if (optin > 0 && smem > static_cast<size_t>(optin))
     return ArgError(std::string(op) + ": needs " + std::to_string(smem) +
@@ -146,24 +149,25 @@ void JaxPagedSetGroupedTrace(uintptr_t buffer, int capacity_ctas) {
 namespace {
 jax_paged::cuda::grouped::GroupedKernelInfo InfoForItemsizes(int query_itemsize,
                                                             int cache_itemsize, int head_size,
-                                                            int rows_per_kv_head) {
+                                                            int rows_per_kv_head, int q_len) {
   using jax_paged::CacheKind;
   using jax_paged::ScalarKind;
   const ScalarKind query_kind = query_itemsize == 4 ? ScalarKind::kF32 : ScalarKind::kBF16;
   const CacheKind cache_kind = cache_itemsize == 1 ? CacheKind::kFp8E4M3 : CacheKind::kSameAsQuery;
   return jax_paged::cuda::grouped::GroupedInfo(query_kind, cache_kind, head_size,
-                                               rows_per_kv_head);
+                                               rows_per_kv_head, q_len);
 }
 }  // namespace
 
 int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size,
-                             int rows_per_kv_head) {
-  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head).ctas_per_sm;
+                             int rows_per_kv_head, int q_len) {
+  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len)
+      .ctas_per_sm;
 }
 
 int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_size,
-                              int rows_per_kv_head) {
-  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head)
+                              int rows_per_kv_head, int q_len) {
+  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len)
       .rows_per_cta;
 }
 
@@ -177,12 +181,6 @@ const char* JaxPagedDevelopmentOptions() {
 #endif
 #ifdef JAX_PAGED_PROBE_NO_REDUCE
          "PROBE_NO_REDUCE "
-#endif
-#ifdef JAX_PAGED_ROW_SPLIT
-         "ROW_SPLIT "
-#endif
-#ifdef JAX_PAGED_WIDE_FP8_SLICES_128
-         "WIDE_FP8_SLICES_128 "
 #endif
       ;
 }

@@ -39,9 +39,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda);
 // fp8), head size and query rows per KV head (q_len * group). The Python
 // partition rule sizes its split with them.
 int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size,
-                             int rows_per_kv_head);
+                             int rows_per_kv_head, int q_len);
 int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_size,
-                              int rows_per_kv_head);
+                              int rows_per_kv_head, int q_len);
 // CUDA only: the development build options (CMakeLists.txt, "(development)") the
 // kernels were built with, space-separated without the JAX_PAGED_ prefix; "" for
 // a default build.

@@ -27,10 +27,11 @@
 //     BS tokens are contiguous), the softmax sum over the unrounded P. fp32
 //     accumulation. fp8 caches: the same in f16 (see below).
 //   * f32: the same fragment layout computed with fp32 FMAs (CUDA cores).
-// Row split (development build option JAX_PAGED_ROW_SPLIT, 16-bit caches, D <=
-// 128): a KV head with more than 16 query rows takes CTAs of up to 64 rows
-// instead of 16, warp w computing rows 16w..16w+15 over every slice of each tile,
-// so that each page is copied once per 64 rows.
+// Row split (multi-token queries, 16-bit caches, D <= 128; see RowBlocks in
+// grouped_launch.h): a KV head with more than 16 query rows takes CTAs of 32 or 64 rows
+// instead of 16 (two or four row blocks), the warps split over row blocks and,
+// with two, over pairs of slices; each warp holds its 16 query rows in
+// registers; each page is copied once per 32 or 64 rows.
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the
@@ -303,22 +304,24 @@ __device__ __forceinline__ unsigned SmId() {
 // constant (fp8 caches, see SelectGroupedKernel).
 // kCap (with kPlain): the plain step with a logit soft cap (16-bit caches,
 // see SelectGroupedKernel).
-// kRowSplit (development option JAX_PAGED_ROW_SPLIT): up to 64 query rows per
-// CTA, warp w computing rows 16w..16w+15 over every token slice of each tile
-// (GroupedConfig); the warps then own whole rows, so the epilogue merges no slices.
+// kRowBlocks (the row split when > 1, see RowBlocks): 16 * kRowBlocks
+// query rows per CTA, warp w computing row block w / kSliceGroups over slices
+// w % kSliceGroups + j * kSliceGroups of each tile (GroupedConfig); the epilogue
+// merges the kSliceGroups partials of each row.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          bool kRowSplit = false>
+          int kRowBlocks = 1>
 __global__ void __launch_bounds__(
     kThreads, (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D,
-                             kRowSplit>::kCtasPerSm))
+                             kRowBlocks>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
                            const bool direct_out) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
-  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowSplit>;
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks>;
   constexpr int kStages = C::kStages;
+  constexpr bool kRowSplit = C::kRowSplit;
 #ifdef JAX_PAGED_TRACE
   const unsigned long long t_entry = GlobalTimerNs();
   const long long c_entry = clock64();
@@ -530,11 +533,11 @@ __global__ void __launch_bounds__(
   __syncthreads();
 
   // ---- per-warp constants ------------------------------------------------------
-  // slice: the warp's token slice of each tile and its merge slot in the epilogue
-  // (row split: every warp walks all slices, one merge slot); rb: the warp's block
-  // of 16 query rows (row split), else 0.
-  const int slice = kRowSplit ? 0 : warp / C::kWarpsPerSlice;
-  const int rb = kRowSplit ? warp : 0;
+  // slice: the warp's (first) token slice of each tile and its merge slot in the
+  // epilogue (row split: the warp walks slices slice + j * kSliceGroups); rb: the
+  // warp's block of 16 query rows (row split), else 0.
+  const int slice = kRowSplit ? warp % C::kSliceGroups : warp / C::kWarpsPerSlice;
+  const int rb = kRowSplit ? warp / C::kSliceGroups : 0;
   // The warp's share of the head dims when two warps share a slice (else 0; the
   // row split has one warp per slice and all dims).
   const int dsub = kRowSplit ? 0 : warp - slice * C::kWarpsPerSlice;
@@ -640,6 +643,17 @@ __global__ void __launch_bounds__(
     v8_off[h] = Opaque(v8_off[h]);
   }
 
+  // Row split: the warp's 16 query rows as mma A fragments, loaded once (the
+  // decode kernel reloads them per slice: with every warp walking several slices,
+  // that was a third of the row split's shared-memory reads).
+  uint32_t qa[kRowSplit ? D / 16 : 1][4];
+  uint32_t qa_tail[2];
+  if constexpr (kRowSplit) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) Ldsm4(qa[ks], q_addr + ks * 32);
+    if constexpr (D % 16 == 8) Ldsm2(qa_tail, q_addr + (D / 16) * 32);
+  }
+
   // ---- main loop over the partition's tiles -----------------------------------------
   int stage = 0;
   uint32_t phase = 0;
@@ -653,10 +667,11 @@ __global__ void __launch_bounds__(
     // One trip (the warp's own slice) unless the row split walks every slice.
 #pragma unroll 1
     for (int sl = 0; sl < C::kSlicesPerWarp; ++sl) {
-      // Row split: slice sl's tokens are st tokens on from slice 0's, whose lane
-      // offsets (k_off, ...) lie in a slice's first 16 tokens of a page, so the
-      // shift below never crosses out of a page (st is a multiple of 16).
-      const int st = sl * kSliceTokens;  // 0 without the row split
+      // Row split: the warp's slice sl is st tokens on from its first, whose lane
+      // offsets (k_off, ...) stay within one page when shifted by st: st is a
+      // multiple of 16, and of 32 unless the warp's first slice is slice 0 (whose
+      // offsets lie in a page's first 16 tokens), with pages of 8, 16 or 32 tokens.
+      const int st = sl * C::kSliceGroups * kSliceTokens;  // 0 without the row split
       // Byte shifts of K (8 elements per token within a chunk) and V (1).
       const uint32_t k_shift =
           kRowSplit ? ((st >> log2_bs) * page_elems + (st & (BS - 1)) * 8) * 2 : 0u;
@@ -672,7 +687,7 @@ __global__ void __launch_bounds__(
       uint32_t page_bits = 0u;
 #pragma unroll
       for (int q = 0; q < 2 * kSub; ++q) {
-        const int page = kRowSplit ? (st + 8 * q) >> log2_bs : pg[q];
+        const int page = kRowSplit ? (slice_tok_r + st + 8 * q) >> log2_bs : pg[q];
         page_bits |= ((pages >> page) & 1u) ? (0xFFu << (8 * q)) : 0u;
       }
       smask &= page_bits;
@@ -717,14 +732,24 @@ __global__ void __launch_bounds__(
 #pragma unroll
           for (int ks = 0; ks < D / 16; ++ks) {
             uint32_t a[4], b[4];
-            Ldsm4(a, q_addr + ks * 32);
+            if constexpr (kRowSplit) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) a[i] = qa[ks][i];
+            } else {
+              Ldsm4(a, q_addr + ks * 32);
+            }
             Ldsm4(b, kbase + k_off_s + ks * 32 * BS);
             Mma16816<TM>(s[0], a, b[0], b[1]);
             Mma16816<TM>(s[1], a, b[2], b[3]);
           }
           if constexpr (D % 16 == 8) {
             uint32_t a[2], b[2];
-            Ldsm2(a, q_addr + (D / 16) * 32);
+            if constexpr (kRowSplit) {
+              a[0] = qa_tail[0];
+              a[1] = qa_tail[1];
+            } else {
+              Ldsm2(a, q_addr + (D / 16) * 32);
+            }
             Ldsm2(b, kbase + k_tail_off_s);
             Mma1688<TM>(s[0], a, b[0]);
             Mma1688<TM>(s[1], a, b[1]);
@@ -1087,12 +1112,12 @@ struct GroupedInstance {
   int max_rows;                        // GroupedConfig::kRows
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          bool kRowSplit = false>
+          int kRowBlocks = 1>
 GroupedInstance GroupedInstanceOf() {
-  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowSplit>;
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
-  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowSplit>, smem_configured,
+  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks>, smem_configured,
           carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
 }
 
@@ -1118,7 +1143,7 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // instantiation per block size (their loop is bound by instruction issue;
 // constant shared-memory offsets saved ~10% of its instructions), the others
 // read it at run time.
-template <typename T, typename TC, int D, bool kPlain, bool kCap = false, bool kRowSplit = false>
+template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8) {
@@ -1128,7 +1153,7 @@ GroupedInstance GroupedInstanceForBlockSize(int block_size) {
       default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap>();
     }
   } else {
-    return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowSplit>();
+    return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks>();
   }
 }
 
@@ -1137,32 +1162,36 @@ GroupedInstance GroupedInstanceForBlockSize(int block_size) {
 // and f32 caches run the general one (fewer instantiations). H200, ninth
 // session, soft cap 30 against the general kernel: -0.2..-0.9 us at B=1
 // L=32768 (41.6-41.7 us, 76.7-77.5% of copy), -0.1 to -1.3 us elsewhere.
-template <typename T, typename TC, int D, bool kRowSplit = false>
+template <typename T, typename TC, int D, int kRowBlocks = 1>
 GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   const bool plain_shape = p.q_len == 1 && p.sliding_window <= 0 && p.alibi_slopes == nullptr;
   const bool capped = p.soft_cap > 0.0f;
   if (plain_shape && !capped)
-    return GroupedInstanceForBlockSize<T, TC, D, true, false, kRowSplit>(p.block_size);
+    return GroupedInstanceForBlockSize<T, TC, D, true, false, kRowBlocks>(p.block_size);
   if constexpr (C::kMma && !C::kFp8) {
     if (plain_shape)
-      return GroupedInstanceForBlockSize<T, TC, D, true, true, kRowSplit>(p.block_size);
+      return GroupedInstanceForBlockSize<T, TC, D, true, true, kRowBlocks>(p.block_size);
   }
-  return GroupedInstanceForBlockSize<T, TC, D, false, false, kRowSplit>(p.block_size);
+  return GroupedInstanceForBlockSize<T, TC, D, false, false, kRowBlocks>(p.block_size);
 }
 
-// The kernel for a call: the row split (RowSplitAvailable: a development build
-// option, not yet measured) for more than 16 query rows per KV head (q_len *
-// group), which would otherwise take several CTAs that each read the KV head's
-// pages; else SelectGroupedKernelOf. (Without the option the row-split kernels
-// are not even instantiated.)
+// The kernel for a call: the row split, a CTA of 32 or 64 rows (RowBlocks), for
+// multi-token queries with more than 16 query rows per KV head (q_len * group),
+// which would otherwise take several 16-row CTAs that each read the KV head's
+// pages; else SelectGroupedKernelOf's 16-row kernel. (Only 16-bit caches at head
+// sizes <= 128 instantiate the row-split kernels.)
 template <typename T, typename TC, int D>
 GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p) {
   constexpr int kQ = static_cast<int>(sizeof(T)), kC = static_cast<int>(sizeof(TC));
   if constexpr (RowSplitAvailable(kQ, kC, D)) {
-    if (TakesRowSplit(kQ, kC, D, RowsPerKvHead(p))) return SelectGroupedKernelOf<T, TC, D, true>(p);
+    switch (RowBlocks(kQ, kC, D, p.q_len, RowsPerKvHead(p))) {
+      case 4: return SelectGroupedKernelOf<T, TC, D, 4>(p);
+      case 2: return SelectGroupedKernelOf<T, TC, D, 2>(p);
+      default: break;
+    }
   }
-  return SelectGroupedKernelOf<T, TC, D, false>(p);
+  return SelectGroupedKernelOf<T, TC, D>(p);
 }
 
 #ifdef JAX_PAGED_PROBE_NO_REDUCE

@@ -18,6 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "params.h"
 
@@ -39,12 +41,14 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
 // caches, which need QELEM == 2: they are widened to f16 in registers,
 // exactly, for the f16 tensor cores). D: head size.
-// kRowSplit (development build option JAX_PAGED_ROW_SPLIT, 16-bit caches, D <= 128):
-// the CTA holds kWarps * 16 = 64 query rows, warp w owning rows 16w..16w+15 and
-// computing every token slice of each tile for them, so that a KV head with more
-// than 16 rows (q_len * group > 16) reads each page once per 64 rows instead of
-// once per 16 (see SelectGroupedKernel).
-template <int QELEM, int CELEM, int D, bool kRowSplit = false>
+// kRowBlocks (1, 2 or 4; more than 1 only for 16-bit caches, D <= 128, see
+// RowBlocks): blocks of 16 query rows per CTA.
+// With kRowBlocks > 1 the warps split over rows as well as tokens: warp w owns
+// row block w / kSliceGroups and walks every kSliceGroups-th token slice of each
+// tile from slice w % kSliceGroups, so that a KV head with more than 16 rows
+// (q_len * group > 16) reads each page once per 16 * kRowBlocks rows instead of
+// once per 16 (see SelectGroupedKernel). kRowBlocks == 1 is the decode kernel.
+template <int QELEM, int CELEM, int D, int kRowBlocks = 1>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
   static constexpr bool kFp8 = CELEM == 1;
@@ -65,15 +69,10 @@ struct GroupedConfig {
   // twice as much per byte at head 64 as at 128. H200, seventh session:
   // 64x32x8x4096 head 64 e4m3, 82.0 -> 74.4 us at block 16, 102.0 -> 85.9
   // at block 8), else 1.
-#ifdef JAX_PAGED_WIDE_FP8_SLICES_128
-  // Development option (not yet run on a GPU): 32-token slices for fp8 caches up
-  // to head size 128 too: 32 KB stages at two CTAs per SM instead of 16 KB at
-  // four, so half the partitions at B=1 (one round of the V2 reduce) and half the
-  // per-slice softmax work.
-  static constexpr int kSubSlices = kFp8 && D <= 128 ? 2 : 1;
-#else
+  // (The same 32-token slices for fp8 head sizes 80-128, with 32 KB stages at two
+  // CTAs per SM, measured no faster at B=1 L=32768 and 2-14% slower on large fp8
+  // batches: H200, eleventh session.)
   static constexpr int kSubSlices = kFp8 && D <= 64 ? 2 : 1;
-#endif
   static constexpr int kTile = 16 * kSlices * kSubSlices;  // tokens per stage (32..128)
   static constexpr int kDimsPerWarp = D / kWarpsPerSlice;
   static constexpr int kNTiles = kDimsPerWarp / 8;  // P.V n-tiles (8 dims) per warp
@@ -81,17 +80,24 @@ struct GroupedConfig {
   static_assert(kTile % kMaxBlockSize == 0, "a tile must hold whole pages");
   static constexpr int kTileElems = kTile * D;  // elements of K (or of V) in one stage
   static constexpr int kStageBytes = 2 * kTileElems * CELEM;
-  static_assert(!kRowSplit || (kMma && !kFp8 && kWarpsPerSlice == 1),
+  static_assert(kRowBlocks == 1 || kRowBlocks == 2 || kRowBlocks == 4, "1, 2 or 4 row blocks");
+  static_assert(kRowBlocks == 1 || (kMma && !kFp8 && kWarpsPerSlice == 1),
                 "the row split is for 16-bit caches with one warp per slice (D <= 128)");
-  // Query rows per CTA; token slices each warp computes per tile; slice partials
-  // the epilogue merges per row.
-  static constexpr int kRows = kRowSplit ? kWarps * kMaxRows : kMaxRows;
-  static constexpr int kSlicesPerWarp = kRowSplit ? kSlices : 1;
-  static constexpr int kMergeSlices = kRowSplit ? 1 : kSlices;
+  static constexpr bool kRowSplit = kRowBlocks > 1;
+  // Query rows per CTA; warps per row block (each walking its own token slices);
+  // token slices each warp computes per tile; slice partials the epilogue merges
+  // per row (one per warp of a row block).
+  static constexpr int kRows = kRowBlocks * kMaxRows;
+  static constexpr int kSliceGroups = kSlices / kRowBlocks;
+  static constexpr int kSlicesPerWarp = kRowBlocks;
+  static constexpr int kMergeSlices = kSliceGroups;
   // Query rows in shared memory, padded so that ldmatrix rows (16-bit path)
-  // or float4 rows (f32 path) fall in different banks.
-  static constexpr int kQStride = kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4;  // elements
+  // or float4 rows (f32 path) fall in different banks. The row split reads them
+  // once, into registers, so its rows are not padded (its shared memory is short).
+  static constexpr int kQStride =
+      kRowSplit ? D : (kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4);  // elements
   static constexpr int kQBytes = RoundUp(kRows * kQStride * QELEM, 16);
+  static constexpr int kMlBytes = kMergeSlices * kRows * 2 * 4;
   // Target of CTAs resident per SM on Hopper (228 KB of shared memory): four
   // when a stage is at most 16 KB (head size 64 at 16 bits, fp8 caches up to
   // head size 128), with ~48 KB of stages each; otherwise two, with ~100 KB
@@ -100,13 +106,16 @@ struct GroupedConfig {
   // its latencies (D=64 at two CTAs per SM: 77% of copy bandwidth on the
   // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs
   // per SM at D=64 made 512 CTAs 1.29 waves: 78%.)
-  // (The row split's larger query buffer comes out of the stages' share.)
+  // The row split's stages fill what its CTAs-per-SM target leaves beside its
+  // larger query buffer (1 KB per CTA reserved, 64 bytes of masks and barriers):
+  // three 32 KB stages at two CTAs per SM for D = 128 even with 64 rows.
   static constexpr int kTargetCtasPerSm = kStageBytes <= 16 * 1024 ? 4 : 2;
-  static constexpr int kStages = ClampInt(
-      ((kTargetCtasPerSm == 4 ? 48 : 100) * 1024 - (kRowSplit ? kQBytes : 0)) / kStageBytes, 2, 6);
+  static constexpr int kStageBudget =
+      kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQBytes - kMlBytes - 64
+                : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
+  static constexpr int kStages = ClampInt(kStageBudget / kStageBytes, 2, 6);
   static constexpr int kQOff = kStages * kStageBytes;
   static constexpr int kMlOff = kQOff + kQBytes;  // [kMergeSlices][kRows][2] float (max, sum)
-  static constexpr int kMlBytes = kMergeSlices * kRows * 2 * 4;
   static constexpr int kMaskOff = kMlOff + kMlBytes;  // [kStages] uint32 page-valid bits
   static constexpr int kBarOff = RoundUp(kMaskOff + kStages * 4, 8);  // [kStages] mbarrier
   static constexpr int kSmemBytes = kBarOff + kStages * 8;
@@ -122,20 +131,23 @@ struct GroupedConfig {
   // sizes its split with (grouped_ctas_per_sm).
   static constexpr int kCtasPerSm =
       ClampInt(228 * 1024 / (kSmemBytes + 1024), 1, kTargetCtasPerSm);
+  static_assert(!kRowSplit || kCtasPerSm == kTargetCtasPerSm, "row split: stage budget");
 };
 
-// Whether the row split (GroupedConfig's kRowSplit) is built and exists for
-// these element sizes and head size: only in a -DJAX_PAGED_ROW_SPLIT=ON build
-// (development), for 16-bit caches of the query's dtype at head sizes <= 128.
+// Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
+// sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128.
 constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
-#ifdef JAX_PAGED_ROW_SPLIT
   return qelem == 2 && celem == 2 && d < 192;
-#else
-  (void)qelem;
-  (void)celem;
-  (void)d;
-  return false;
-#endif
+}
+
+// The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read
+// once): for A/B benchmarks in one build, and as an escape hatch.
+inline bool RowSplitEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("JAX_PAGED_ROW_SPLIT");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
 }
 
 // Query rows of one KV head in a call: q_len * group (the grouped kernel's rows).
@@ -143,25 +155,32 @@ inline int RowsPerKvHead(const PagedAttentionParams& p) {
   return (p.num_heads / p.num_kv_heads) * p.q_len;
 }
 
-// Whether a call with these element sizes, head size and rows per KV head runs
-// the row split: where it is available (RowSplitAvailable), for more rows than
-// one 16-row tile. The one rule for the kernel choice (SelectGroupedKernel) and
-// the layout reported to Python (GroupedInfo).
-constexpr bool TakesRowSplit(int qelem, int celem, int d, int rows_per_kv_head) {
-  return RowSplitAvailable(qelem, celem, d) && rows_per_kv_head > kMaxRows;
+// Row blocks per CTA (GroupedConfig's kRowBlocks) of the kernel a call with these
+// element sizes, head size, query length and rows per KV head (q_len * group)
+// runs: for multi-token queries (q_len > 1) with more than 16 rows per KV head,
+// where the row split is available and on, as few 16-row blocks as hold the
+// rows, up to 4; else 1. The one rule for the kernel choice (SelectGroupedKernel)
+// and the layout reported to Python (GroupedInfo). (Decode steps keep 16-row CTAs:
+// on the H200, 16 x 32 x 1 x 4096 (32 rows per KV head) took 23.5 us in 32-row CTAs
+// against 18.5 in 16-row ones; BENCHMARKS.md, eleventh session.)
+inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_head) {
+  if (!RowSplitAvailable(qelem, celem, d) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
+      !RowSplitEnabled())
+    return 1;
+  return rows_per_kv_head <= 2 * kMaxRows ? 2 : 4;
 }
 
 // Dynamic shared memory of one CTA, CTAs per SM and query rows per CTA
 // (GroupedConfig) of the kernel a call with `rows_per_kv_head` query rows per KV
-// head (q_len * group) runs; smem_bytes and ctas_per_sm are 0 for an
-// unsupported head size or query / cache combination.
+// head (q_len * group) and query length `q_len` runs; smem_bytes and ctas_per_sm
+// are 0 for an unsupported head size or query / cache combination.
 struct GroupedKernelInfo {
   size_t smem_bytes = 0;
   int ctas_per_sm = 0;
   int rows_per_cta = 16;
 };
 GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,
-                              int rows_per_kv_head = 1);
+                              int rows_per_kv_head = 1, int q_len = 1);
 
 // Launches the grouped kernel over the V2 workspace of `p` and, when
 // p.max_num_partitions > 1, the V2 reduce kernel (paged_attention.cuh);

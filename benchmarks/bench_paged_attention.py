@@ -937,6 +937,10 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     if dev_opts:
         lines.append("jax_paged built with development options: " + " ".join(dev_opts)
                      + " (not the default kernels)")
+    env = meta.get("jax_paged_environment") or {}
+    if env:
+        lines.append("jax_paged run-time switches: "
+                     + " ".join(f"{k}={v}" for k, v in env.items()))
     lines.append(f"device: {meta['device']} | jax {meta['jax_version']} | {meta['date']} | "
                  f"dtype {meta['args']['dtype']} | timing: {method}, median of {meta['args']['reps']}, "
                  f"~{meta['args']['target_ms']} ms per sample (see JSON 'method')")
@@ -1150,6 +1154,9 @@ def main(argv=None) -> int:
         jax_paged_cuda_kernels=(jp.has_cuda_kernels() if hasattr(jp, "has_cuda_kernels") else None),
         # A probe's or a candidate's build must never pass for the default kernels.
         jax_paged_development_options=list(jp._native.cuda_development_options()),
+        # Run-time switches (JAX_PAGED_PDL, JAX_PAGED_ROW_SPLIT) change which kernels run.
+        jax_paged_environment={k: v for k, v in sorted(os.environ.items())
+                               if k.startswith("JAX_PAGED_")},
         python=platform.python_version(),
         copy_bandwidth=copy,
         method={k: v for k, v in METHOD_TEXT.items() if args.method in (k, "both")},

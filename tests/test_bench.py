@@ -128,3 +128,20 @@ def test_ground_truth_with_multi_token_queries():
                                                     ("auto+q16", "auto", "q16")]
     with pytest.raises(SystemExit):
         bench.parse_args(["--q-len", "1"])
+
+
+def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch):
+    """--no-classic leaves out the v1 / v2 rows; the JAX_PAGED_* run-time switches
+    (which change the kernels a GPU run takes) are recorded and printed."""
+    import json
+    monkeypatch.setenv("JAX_PAGED_ROW_SPLIT", "0")
+    out = tmp_path / "b.json"
+    rc = bench.main(["--no-defaults", "--config", "2,4,2,64,64,16", "--no-classic", "--no-pallas",
+                     "--no-reference", "--reps", "1", "--target-ms", "1", "--max-loop", "2",
+                     "--no-progress", "--json", str(out), "--png", str(tmp_path / "b.png")])
+    assert rc == 0
+    with open(out) as f:
+        result = json.load(f)
+    assert result["meta"]["jax_paged_environment"].get("JAX_PAGED_ROW_SPLIT") == "0"
+    (row,) = result["results"]
+    assert set(row["impls"]) == {"auto"}

@@ -10,6 +10,8 @@ kernel that reads what it must not read produces NaN.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import jax
@@ -1020,6 +1022,23 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     assert primitives.grouped_rows_per_cta(dims16, jnp.float32) == 16
     assert primitives.grouped_rows_per_cta(
         _shapes.AttentionDims(**{**dims16.__dict__, "head_size": 256}), jnp.bfloat16) == 16
+
+
+def test_row_split_switch_is_read_by_the_layout():
+    """JAX_PAGED_ROW_SPLIT=0 (read once per process) gives 16-row CTAs to multi-token
+    calls, in the layout the partition rule reads as in the kernel choice (both use
+    RowBlocks in grouped_launch.h)."""
+    if not jax_paged.has_cuda_kernels():
+        pytest.skip("the CUDA module is not built")
+    code = ("import jax.numpy as jnp; from jax_paged import _shapes, primitives; "
+            "d = _shapes.AttentionDims(num_seqs=1, num_heads=32, head_size=128, num_blocks=64, "
+            "num_kv_heads=8, block_size=16, max_blocks_per_seq=64, q_len=16); "
+            "print(primitives.grouped_rows_per_cta(d, jnp.bfloat16))")
+    for value, rows in (("0", "16"), ("1", "64")):
+        env = dict(os.environ, JAX_PAGED_ROW_SPLIT=value, JAX_PLATFORMS="cpu")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out[-1:] == [rows], (value, out)
 
 
 def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):

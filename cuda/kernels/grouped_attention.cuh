@@ -3,9 +3,9 @@
 // workspace, the same per-partition results, and V2's reduce kernel.
 //
 // One CTA (4 warps) per (KV head, sequence, partition) computes all the query
-// heads of its KV head (up to 16; larger groups are split over
-// num_kv_heads * group_chunks CTAs), so each K/V page of the partition is
-// read from HBM once, not once per query head.
+// rows of its KV head (q_len * group: up to 16, or 32 / 64 with the row split
+// below; more are split over num_kv_heads * group_chunks CTAs), so each K/V
+// page of the partition is read from HBM once, not once per query head.
 //
 // Memory pipeline: the partition's pages stream through kStages shared-memory
 // stages of kTile tokens (32, 64, or 128 with wide fp8 slices). Per (page, KV

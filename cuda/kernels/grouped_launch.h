@@ -9,7 +9,7 @@
 // sliding window, LSE, multi-token queries): grid (num_kv_heads *
 // group_chunks, num_seqs, max_num_partitions), one CTA per (KV head,
 // sequence, partition) computing ALL query rows of its KV head (q_len *
-// group of them, up to kMaxRows per CTA; more are split into group_chunks),
+// group of them, up to GroupedConfig::kRows per CTA; more are split into group_chunks),
 // so each K/V page is read from HBM once per partition instead of once per
 // query row.
 #pragma once

@@ -85,8 +85,7 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
     # gains), and one split is best once the CTAs fill every SM's slots.
     workers = ctas_per_sm * _num_sms() if platform == "cuda" else _cpu_threads()
     # CTAs per partition: one per (sequence, KV head, chunk of rows_per_cta query rows).
-    rows = dims.q_len * (dims.num_heads // dims.num_kv_heads)
-    chunks = -(-rows // rows_per_cta) if platform == "cuda" else 1
+    chunks = -(-_rows_per_kv_head(dims) // rows_per_cta) if platform == "cuda" else 1
     items = max(1, dims.num_seqs * dims.num_kv_heads * chunks)
     context = _context_tokens(dims, sliding_window)
     splits = max(1, min(workers // items, -(-context // 256)))
@@ -131,12 +130,16 @@ def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
     return "v2" if dims.num_seqs * dims.num_kv_heads < _cpu_threads() else "v1"
 
 
+def _rows_per_kv_head(dims: _shapes.AttentionDims) -> int:
+    """Query rows of one KV head in a call: q_len * group (the grouped kernel's rows)."""
+    return dims.q_len * (dims.num_heads // dims.num_kv_heads)
+
+
 def _grouped_layout_args(dims: _shapes.AttentionDims, query_dtype) -> tuple:
     query_itemsize = np.dtype(query_dtype).itemsize
     cache_itemsize = (query_itemsize if dims.cache_dtype is None
                       else np.dtype(dims.cache_dtype).itemsize)
-    rows = dims.q_len * (dims.num_heads // dims.num_kv_heads)
-    return query_itemsize, cache_itemsize, dims.head_size, rows, dims.q_len
+    return query_itemsize, cache_itemsize, dims.head_size, _rows_per_kv_head(dims), dims.q_len
 
 
 def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:

@@ -37,17 +37,12 @@ GroupedKernelInfo InfoFromConfig() {
   return info;
 }
 
-// The configuration SelectGroupedKernel (grouped_attention.cuh) picks (RowBlocks).
+// The configuration SelectGroupedKernel (grouped_attention.cuh) picks (WithRowBlocks).
 template <int QELEM, int CELEM, int H>
 GroupedKernelInfo InfoOf(int rows_per_kv_head, int q_len) {
-  if constexpr (RowSplitAvailable(QELEM, CELEM, H)) {
-    switch (RowBlocks(QELEM, CELEM, H, q_len, rows_per_kv_head)) {
-      case 4: return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, 4>>();
-      case 2: return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, 2>>();
-      default: break;
-    }
-  }
-  return InfoFromConfig<GroupedConfig<QELEM, CELEM, H>>();
+  return WithRowBlocks<QELEM, CELEM, H>(q_len, rows_per_kv_head, [](auto row_blocks) {
+    return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, decltype(row_blocks)::value>>();
+  });
 }
 
 GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,

@@ -1183,15 +1183,11 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p) {
 // sizes <= 128 instantiate the row-split kernels.)
 template <typename T, typename TC, int D>
 GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p) {
-  constexpr int kQ = static_cast<int>(sizeof(T)), kC = static_cast<int>(sizeof(TC));
-  if constexpr (RowSplitAvailable(kQ, kC, D)) {
-    switch (RowBlocks(kQ, kC, D, p.q_len, RowsPerKvHead(p))) {
-      case 4: return SelectGroupedKernelOf<T, TC, D, 4>(p);
-      case 2: return SelectGroupedKernelOf<T, TC, D, 2>(p);
-      default: break;
-    }
-  }
-  return SelectGroupedKernelOf<T, TC, D>(p);
+  return WithRowBlocks<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(
+      p.q_len, RowsPerKvHead(p),
+      [&](auto row_blocks) {
+        return SelectGroupedKernelOf<T, TC, D, decltype(row_blocks)::value>(p);
+      });
 }
 
 #ifdef JAX_PAGED_PROBE_NO_REDUCE

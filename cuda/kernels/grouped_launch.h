@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "params.h"
 
@@ -168,6 +169,22 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
       !RowSplitEnabled())
     return 1;
   return rows_per_kv_head <= 2 * kMaxRows ? 2 : 4;
+}
+
+// f(std::integral_constant<int, RowBlocks(...)>{}) for a kernel of these element
+// sizes and head size: the one place where a call's row blocks become a template
+// argument (the kernel choice, SelectGroupedKernel, and the layout, GroupedInfo).
+// Row blocks other than 1 are instantiated only where RowSplitAvailable.
+template <int QELEM, int CELEM, int D, typename F>
+auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
+  if constexpr (RowSplitAvailable(QELEM, CELEM, D)) {
+    switch (RowBlocks(QELEM, CELEM, D, q_len, rows_per_kv_head)) {
+      case 4: return f(std::integral_constant<int, 4>{});
+      case 2: return f(std::integral_constant<int, 2>{});
+      default: break;
+    }
+  }
+  return f(std::integral_constant<int, 1>{});
 }
 
 // Dynamic shared memory of one CTA, CTAs per SM and query rows per CTA

@@ -26,7 +26,9 @@
 #   BENCH_ENVS       ';'-separated environment assignments: the bench stage runs once per
 #                    entry (stages bench_1, bench_2, ...; bench_<i>.json in OUT), e.g.
 #                    BENCH_ENVS="JAX_PAGED_PDL=reduce;JAX_PAGED_PDL=1"
-#   PYTEST_ARGS      default "-q -k gpu" (the GPU cases; the CPU cases run in CI)
+#   PYTEST_ARGS      default "-q -k gpu" (the GPU cases; the CPU cases run in CI); split on spaces
+#   PYTEST_K         instead of PYTEST_ARGS: one -k expression, spaces allowed, e.g.
+#                    PYTEST_K="gpu and (multi_token or many_query_rows)"
 #   TEST_JOBS        concurrent pytest processes for the tests stage (default 4; 1 = one
 #                    plain pytest run)
 #   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":
@@ -147,13 +149,14 @@ EOF
 if [ "${SKIP_TESTS:-0}" = 1 ]; then
   skip_stage tests SKIP_TESTS=1
 else
+  # PYTEST_K: one -k expression, spaces allowed (PYTEST_ARGS is split on spaces).
+  # shellcheck disable=SC2206
+  if [ -n "${PYTEST_K:-}" ]; then PT_ARGS=(-q -k "$PYTEST_K"); else PT_ARGS=(${PYTEST_ARGS:--q -k gpu}); fi
   if [ "${TEST_JOBS:-4}" -gt 1 ]; then
-    # shellcheck disable=SC2086
     run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" scripts/sharded_pytest.py \
-      --jobs "${TEST_JOBS:-4}" --log-dir "$ROOT/out/test_shards" -- ${PYTEST_ARGS:--q -k gpu} tests
+      --jobs "${TEST_JOBS:-4}" --log-dir "$ROOT/out/test_shards" -- "${PT_ARGS[@]}" tests
   else
-    # shellcheck disable=SC2086
-    run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" -m pytest ${PYTEST_ARGS:--q -k gpu} tests
+    run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" -m pytest "${PT_ARGS[@]}" tests
   fi
   DETAIL[tests]=$(grep -E "[0-9]+ (passed|failed|errors?|skipped)|no tests ran" "$OUTDIR/tests.log" | tail -n 1 | sed 's/=//g; s/^ *//')
   [ -z "${DETAIL[tests]}" ] && DETAIL[tests]="no pytest summary line; last: $(tail -n 1 "$OUTDIR/tests.log" | cut -c1-100)"

@@ -19,6 +19,9 @@ the grouped kernel's issue and pipe statistics on bf16 and fp8 caches:
     ncu --clock-control none --kernel-name regex:GroupedAttentionKernel \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
         python3 scripts/profile_case.py --config 64,32,8,4096 --impls grouped --kv bf16,fp8e4m3
+
+`--q-len 1,16` runs each case with one and with 16 new query tokens per sequence
+(the row-split kernel of multi-token queries against the decode step).
 """
 from __future__ import annotations
 
@@ -32,10 +35,11 @@ import jax.numpy as jnp
 import jax_paged as jp
 
 
-def build_case(config: str):
+def build_case(config: str, q_len: int = 1):
     """(query, key_cache, value_cache, block_tables, seq_lens) for
     "B,Hq,Hkv,L[,head_size[,block_size]]": bf16, random N(0,1) data, every
-    sequence of length L, block tables a random permutation of the blocks."""
+    sequence of length L, block tables a random permutation of the blocks; the
+    query [B, Hq, D], or [B, q_len, Hq, D] when q_len > 1 (multi-token)."""
     parts = [int(v) for v in config.split(",")]
     B, hq, hkv, L = parts[:4]
     D = parts[4] if len(parts) > 4 else 128
@@ -47,7 +51,7 @@ def build_case(config: str):
     num_blocks = B * nblk
     tables = rng.permutation(num_blocks).reshape(B, nblk).astype(np.int32)
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(k1, (B, hq, D), dtype)
+    q = jax.random.normal(k1, (B, hq, D) if q_len == 1 else (B, q_len, hq, D), dtype)
     kc = jax.random.normal(k2, (num_blocks, hkv, D // x, bs, x), dtype)
     vc = jax.random.normal(k3, (num_blocks, hkv, D, bs), dtype)
     return q, kc, vc, jnp.asarray(tables), jnp.full((B,), L, jnp.int32)
@@ -80,8 +84,14 @@ def main() -> None:
     ap.add_argument("--impls", default="grouped,v2", help="comma-separated impl names")
     ap.add_argument("--kv", default="bf16", help="comma-separated cache dtypes: bf16, fp8e4m3, fp8e5m2")
     ap.add_argument("--copy", action="store_true", help="also one copy of the K+V bytes")
+    ap.add_argument("--q-len", default="1",
+                    help="comma-separated query lengths (new tokens per sequence), each a case")
     args = ap.parse_args()
-    case = build_case(args.config)
+    for q_len in (int(v) for v in args.q_len.split(",")):
+        run_case(args, build_case(args.config, q_len), q_len)
+
+
+def run_case(args, case, q_len: int) -> None:
     q, kc, vc, bt, sl = case
     for kv in args.kv.split(","):
         args_kv, kwargs = (case, {}) if kv == "bf16" else fp8_case(case, kv)
@@ -90,7 +100,7 @@ def main() -> None:
                         jp.paged_attention(q, kc, vc, bt, sl, impl=impl, **kwargs))
             jax.block_until_ready(f(*args_kv, kwargs))
             jax.block_until_ready(f(*args_kv, kwargs))
-            print(f"ran {impl} on {kv} caches", flush=True)
+            print(f"ran {impl} on {kv} caches, q_len {q_len}", flush=True)
     if args.copy:
         both = jnp.concatenate([kc.reshape(-1), vc.reshape(-1)])
         cp = jax.jit(lambda a: a + jnp.asarray(1, a.dtype))

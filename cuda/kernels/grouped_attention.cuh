@@ -48,6 +48,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -247,6 +248,13 @@ __device__ __forceinline__ void StoreFour(T* dst, float4 v) {
     static_assert(sizeof(T) == 2, "16-bit or 32-bit outputs");
     *reinterpret_cast<uint2*>(dst) = make_uint2(PackPair<T>(v.x, v.y), PackPair<T>(v.z, v.w));
   }
+}
+
+// (a, b) = (b, a) where `swap` (per lane): the row split's swizzled V fragments.
+__device__ __forceinline__ void UnswapPair(uint32_t& a, uint32_t& b, bool swap) {
+  const uint32_t lo = swap ? b : a;
+  b = swap ? a : b;
+  a = lo;
 }
 
 // 0xFF in byte i iff bit i of `bits` is set (ANDed in: zeroes masked fp8 values).
@@ -544,13 +552,22 @@ __global__ void __launch_bounds__(
   const int dim0 = dsub * C::kDimsPerWarp;
   const int gid = lane >> 2;  // fragment row (rows gid and gid + 8)
   const int tq = lane & 3;    // fragment column pair
-  constexpr int kSub = C::kSubSlices;      // 16-token sub-slices of a warp's slice
-  constexpr int kSliceTokens = 16 * kSub;
-  constexpr uint32_t kFullMask = kSub == 2 ? 0xFFFFFFFFu : 0xFFFFu;
+  // 16-token sub-slices a warp computes per tile in one pass, kSubStride tokens
+  // apart: fp8's contiguous sub-slices of a 32-token slice, or the row split's
+  // slices (every kSliceGroups-th of the tile). One pass over all of them gives
+  // the row split 2 * kSub independent Q.K accumulator chains and one max
+  // shuffle / O rescale per tile instead of per 16 tokens.
+  constexpr int kSub = kRowSplit ? C::kSlicesPerWarp : C::kSubSlices;
+  constexpr int kSubStride = kRowSplit ? 16 * C::kSliceGroups : 16;
+  constexpr int kSliceTokens = 16 * C::kSubSlices;  // tokens of a warp's (first) slice
+  // Bit 16 h + j of a slice mask: token j of sub-slice h.
+  using Mask = std::conditional_t<(kSub > 2), uint64_t, uint32_t>;
+  constexpr Mask kFullMask = kSub == 4 ? ~Mask{0} : (kSub == 2 ? Mask{0xFFFFFFFFu} : Mask{0xFFFFu});
   const int slice_tok = slice * kSliceTokens;
-  int pg[2 * kSub];  // page of the slice's tokens 8q..8q+7
+  int pg[2 * kSub];  // page of tokens 8 (q & 1)..+7 of sub-slice q >> 1
 #pragma unroll
-  for (int q = 0; q < 2 * kSub; ++q) pg[q] = (slice_tok + 8 * q) >> log2_bs;
+  for (int q = 0; q < 2 * kSub; ++q)
+    pg[q] = (slice_tok + kSubStride * (q >> 1) + 8 * (q & 1)) >> log2_bs;
   const float k_scale = p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f;
   const float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
   const float soft_cap = p.soft_cap;
@@ -577,6 +594,27 @@ __global__ void __launch_bounds__(
     }
   }
 
+  // Row split: a pass whose first token tbase is in [all_valid_lo, all_valid_hi]
+  // lies inside the token range of every row of the warp (rows past the CTA's
+  // count do not matter: their results are never written); never with ALiBi.
+  int all_valid_lo = INT_MAX, all_valid_hi = INT_MIN;
+  if constexpr (kRowSplit) {
+    constexpr int kPassSpan = kSubStride * (kSub - 1) + 16;  // tokens from a pass's first to its last
+    int lo = INT_MIN, hi = INT_MAX;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (rb * kMaxRows + gid + 8 * r < rows) {
+        lo = max(lo, r_start[r]);
+        hi = min(hi, r_end[r] - kPassSpan);
+      }
+    }
+    lo = __reduce_max_sync(0xffffffffu, lo);
+    hi = __reduce_min_sync(0xffffffffu, hi);
+    if (p.alibi_slopes == nullptr) {
+      all_valid_lo = lo;
+      all_valid_hi = hi;
+    }
+  }
   float m_run[2] = {-FLT_MAX, -FLT_MAX};  // running max (log2 units), rows gid, gid + 8
   float l_run[2] = {0.0f, 0.0f};          // running sum (this lane's columns)
   float o[C::kNTiles][4];                 // O fragments, dims dim0 + nt * 8 + 2 tq (+1)
@@ -591,6 +629,12 @@ __global__ void __launch_bounds__(
   // Shared-memory byte offsets (within a stage's K or V region) of this lane's
   // ldmatrix rows (16-bit caches) or 32-bit loads (fp8 caches).
   uint32_t q_addr = 0, k_off = 0, k_tail_off = 0, v_off = 0;
+  // Row split: V row i of an ldmatrix matrix reads 8-token half VSwizzle(i) ^ (its
+  // own); this lane's two V registers of a pair then come swapped (see below).
+  auto VSwizzle = [&](int i) -> int {
+    return BS == 16 ? (i >> 2) & 1 : (BS == 32 ? (i >> 1) & 1 : 0);
+  };
+  bool v_swap = false;
   uint32_t k8_off[kSub] = {}, v8_off[kSub] = {};  // fp8: per sub-slice
   // Element offsets of this lane's four tokens (f32 path).
   int kf_off[2][2] = {{0, 0}, {0, 0}};
@@ -613,7 +657,19 @@ __global__ void __launch_bounds__(
       const int tk2 = slice_tok + ((lane >> 3) & 1) * 8 + (lane & 7);
       k_tail_off =
           ((tk2 >> log2_bs) * page_elems + ((D / 8 - 1) * BS + (tk2 & (BS - 1))) * 8) * 2;
-      const int tv = slice_tok + ((lane >> 3) & 1) * 8;
+      int half = (lane >> 3) & 1;  // the matrix's 8-token half
+      if constexpr (kRowSplit) {
+        // The row split reads each V tile once per row block, so V's bank conflicts
+        // weigh: an 8x8 matrix's rows are dims d..d+7, BS * 2 bytes apart, and with
+        // 16-token pages dims d and d + 4 share banks (32-token pages: d, d + 2,
+        // d + 4, d + 6). Rows i with VSwizzle(i) set read the other 8-token half
+        // instead, 16 bytes on (16-token pages: conflict-free; 32: two-way instead of
+        // four-way; 8-token pages are conflict-free as they are), and lanes whose
+        // fragment row is such a row swap their two registers back (v_swap).
+        half ^= VSwizzle(lane & 7);
+        v_swap = VSwizzle(gid) != 0;
+      }
+      const int tv = slice_tok + half * 8;
       v_off = ((tv >> log2_bs) * page_elems + (dim0 + (lane >> 4) * 8 + (lane & 7)) * BS +
                (tv & (BS - 1))) * 2;
     }
@@ -642,6 +698,26 @@ __global__ void __launch_bounds__(
     k8_off[h] = Opaque(k8_off[h]);
     v8_off[h] = Opaque(v8_off[h]);
   }
+  // 16-bit caches: the lane offsets of sub-slice h (the row split's slice h),
+  // st = kSubStride * h tokens on from the first. They stay within one page when
+  // shifted by st: st is a multiple of 16, and of 32 unless the warp's first slice
+  // is slice 0 (whose offsets lie in a page's first 16 tokens), with pages of 8,
+  // 16 or 32 tokens.
+  uint32_t k_off_h[kSub], k_tail_off_h[kSub], v_off_h[kSub];
+#pragma unroll
+  for (int h = 0; h < kSub; ++h) {
+    k_off_h[h] = k_off;
+    k_tail_off_h[h] = k_tail_off;
+    v_off_h[h] = v_off;
+    if constexpr (kRowSplit) {
+      const int st = kSubStride * h;
+      const uint32_t page_shift = static_cast<uint32_t>((st >> log2_bs) * page_elems);
+      const uint32_t tok_shift = static_cast<uint32_t>(st & (BS - 1));
+      k_off_h[h] = Opaque(k_off + (page_shift + tok_shift * 8) * 2);  // 8 elements per K token
+      k_tail_off_h[h] = Opaque(k_tail_off + (page_shift + tok_shift * 8) * 2);
+      v_off_h[h] = Opaque(v_off + (page_shift + tok_shift) * 2);
+    }
+  }
 
   // Row split: the warp's 16 query rows as mma A fragments, loaded once (the
   // decode kernel reloads them per slice: with every warp walking several slices,
@@ -664,139 +740,148 @@ __global__ void __launch_bounds__(
 #endif
     const uint32_t pages = mask_s[stage];
     const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
-    // One trip (the warp's own slice) unless the row split walks every slice.
-#pragma unroll 1
-    for (int sl = 0; sl < C::kSlicesPerWarp; ++sl) {
-      // Row split: the warp's slice sl is st tokens on from its first, whose lane
-      // offsets (k_off, ...) stay within one page when shifted by st: st is a
-      // multiple of 16, and of 32 unless the warp's first slice is slice 0 (whose
-      // offsets lie in a page's first 16 tokens), with pages of 8, 16 or 32 tokens.
-      const int st = sl * C::kSliceGroups * kSliceTokens;  // 0 without the row split
-      // Byte shifts of K (8 elements per token within a chunk) and V (1).
-      const uint32_t k_shift =
-          kRowSplit ? ((st >> log2_bs) * page_elems + (st & (BS - 1)) * 8) * 2 : 0u;
-      const uint32_t v_shift = kRowSplit ? ((st >> log2_bs) * page_elems + (st & (BS - 1))) * 2 : 0u;
-      const uint32_t k_off_s = k_off + k_shift;
-      const uint32_t k_tail_off_s = k_tail_off + k_shift;
-      const uint32_t v_off_s = v_off + v_shift;
-      const int tbase = tile_tok0 + slice_tok_r + st;  // this slice's first token
-      // Tokens of the slice that hold data (bit j: token tbase + j): before L,
-      // in a page that was copied.
-      const int rem = L - tbase;
-      uint32_t smask = rem >= kSliceTokens ? kFullMask : (rem <= 0 ? 0u : ((1u << rem) - 1u));
-      uint32_t page_bits = 0u;
+    const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
+    // Tokens of the warp's sub-slices that hold data (bit 16 h + j: token tbase +
+    // kSubStride * h + j): before L, in a page that was copied.
+    Mask smask;
+    if constexpr (kRowSplit) {
+      smask = 0u;
 #pragma unroll
-      for (int q = 0; q < 2 * kSub; ++q) {
-        const int page = kRowSplit ? (slice_tok_r + st + 8 * q) >> log2_bs : pg[q];
-        page_bits |= ((pages >> page) & 1u) ? (0xFFu << (8 * q)) : 0u;
+      for (int h = 0; h < kSub; ++h) {
+        const int rem = L - (tbase + kSubStride * h);
+        const uint32_t bits = rem >= 16 ? 0xFFFFu : (rem <= 0 ? 0u : ((1u << rem) - 1u));
+        smask |= static_cast<Mask>(bits) << (16 * h);
       }
-      smask &= page_bits;
+    } else {
+      const int rem = L - tbase;  // contiguous sub-slices
+      smask = rem >= kSliceTokens ? kFullMask : (rem <= 0 ? 0u : ((1u << rem) - 1u));
+    }
+    Mask page_bits = 0u;
+#pragma unroll
+    for (int q = 0; q < 2 * kSub; ++q)
+      page_bits |= ((pages >> pg[q]) & 1u) ? (static_cast<Mask>(0xFFu) << (8 * q)) : Mask{0};
+    smask &= page_bits;
 
 #ifdef JAX_PAGED_PROBE_NO_COMPUTE
-      // Timing probe (development, wrong results): the pipeline without its arithmetic.
-      smask = 0u;
+    // Timing probe (development, wrong results): the pipeline without its arithmetic.
+    smask = 0u;
 #endif
-      // (Row split: a warp whose row block is past the CTA's rows computes nothing.)
-      if (smask != 0u && (!kRowSplit || rows > rb * kMaxRows)) {  // warp-uniform
-        const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
-        const uint32_t vbase = kbase + C::kTileElems * sizeof(TC);
-        const unsigned char* kptr = smem + static_cast<size_t>(stage) * C::kStageBytes;
-        const unsigned char* vptr = kptr + C::kTileElems * sizeof(TC);
+    // (Row split: a warp whose row block is past the CTA's rows computes nothing.)
+    if (smask != 0u && (!kRowSplit || rows > rb * kMaxRows)) {  // warp-uniform
+      const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
+      const uint32_t vbase = kbase + C::kTileElems * sizeof(TC);
+      const unsigned char* kptr = smem + static_cast<size_t>(stage) * C::kStageBytes;
+      const unsigned char* vptr = kptr + C::kTileElems * sizeof(TC);
 
-        // S fragments: sw[h][nt][e] = q[row gid + 8 (e >> 1)] . k[token 16 h +
-        // token_of(nt, e)] (h: sub-slice; only fp8 caches have more than one).
-        float sw[kSub][2][4];
+      // S fragments: sw[h][nt][e] = q[row gid + 8 (e >> 1)] . k[token 16 h +
+      // token_of(nt, e)] (h: sub-slice; only fp8 caches have more than one).
+      float sw[kSub][2][4];
 #pragma unroll
-        for (int h = 0; h < kSub; ++h)
+      for (int h = 0; h < kSub; ++h)
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-            sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
-        auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
-        if constexpr (kFp8) {
+        for (int nt = 0; nt < 2; ++nt)
+          sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
+      auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
+      if constexpr (kFp8) {
 #pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t a[4];
-            Ldsm4(a, q_addr + ks * 32);  // shared by the sub-slices
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t a[4];
+          Ldsm4(a, q_addr + ks * 32);  // shared by the sub-slices
 #pragma unroll
-            for (int h = 0; h < kSub; ++h)
+          for (int h = 0; h < kSub; ++h)
 #pragma unroll
-              for (int nt = 0; nt < 2; ++nt) {
-                const uint32_t raw =
-                    *reinterpret_cast<const uint32_t*>(kptr + k8_off[h] + nt * 32 + ks * 16 * BS);
-                uint32_t b0, b1;
-                Fp8x4ToHalf2x2<TC>(raw, b0, b1);
-                Mma16816<TM>(sw[h][nt], a, b0, b1);
+            for (int nt = 0; nt < 2; ++nt) {
+              const uint32_t raw =
+                  *reinterpret_cast<const uint32_t*>(kptr + k8_off[h] + nt * 32 + ks * 16 * BS);
+              uint32_t b0, b1;
+              Fp8x4ToHalf2x2<TC>(raw, b0, b1);
+              Mma16816<TM>(sw[h][nt], a, b0, b1);
+            }
+        }
+      } else if constexpr (C::kMma) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t a[4];
+          if constexpr (kRowSplit) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = qa[ks][i];
+          } else {
+            Ldsm4(a, q_addr + ks * 32);
+          }
+#pragma unroll
+          for (int h = 0; h < kSub; ++h) {
+            uint32_t b[4];
+            Ldsm4(b, kbase + k_off_h[h] + ks * 32 * BS);
+            Mma16816<TM>(sw[h][0], a, b[0], b[1]);
+            Mma16816<TM>(sw[h][1], a, b[2], b[3]);
+          }
+        }
+        if constexpr (D % 16 == 8) {
+          uint32_t a[2];
+          if constexpr (kRowSplit) {
+            a[0] = qa_tail[0];
+            a[1] = qa_tail[1];
+          } else {
+            Ldsm2(a, q_addr + (D / 16) * 32);
+          }
+#pragma unroll
+          for (int h = 0; h < kSub; ++h) {
+            uint32_t b[2];
+            Ldsm2(b, kbase + k_tail_off_h[h]);
+            Mma1688<TM>(sw[h][0], a, b[0]);
+            Mma1688<TM>(sw[h][1], a, b[1]);
+          }
+        }
+      } else {
+        const float* qf = reinterpret_cast<const float*>(q_s);
+        const float* kf = reinterpret_cast<const float*>(kptr);
+        auto qk = [&](auto two_rows) {
+#pragma unroll 4
+          for (int c = 0; c < D / 4; ++c) {
+            const float4 q0 = *reinterpret_cast<const float4*>(qf + gid * C::kQStride + c * 4);
+            float4 q1 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if constexpr (decltype(two_rows)::value)
+              q1 = *reinterpret_cast<const float4*>(qf + (gid + 8) * C::kQStride + c * 4);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float4 kv = *reinterpret_cast<const float4*>(kf + kf_off[nt][e] + c * BS * 4);
+                s[nt][e] = Dot4(q0, kv, s[nt][e]);
+                if constexpr (decltype(two_rows)::value) s[nt][2 + e] = Dot4(q1, kv, s[nt][2 + e]);
               }
           }
-        } else if constexpr (C::kMma) {
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t a[4], b[4];
-            if constexpr (kRowSplit) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) a[i] = qa[ks][i];
-            } else {
-              Ldsm4(a, q_addr + ks * 32);
-            }
-            Ldsm4(b, kbase + k_off_s + ks * 32 * BS);
-            Mma16816<TM>(s[0], a, b[0], b[1]);
-            Mma16816<TM>(s[1], a, b[2], b[3]);
-          }
-          if constexpr (D % 16 == 8) {
-            uint32_t a[2], b[2];
-            if constexpr (kRowSplit) {
-              a[0] = qa_tail[0];
-              a[1] = qa_tail[1];
-            } else {
-              Ldsm2(a, q_addr + (D / 16) * 32);
-            }
-            Ldsm2(b, kbase + k_tail_off_s);
-            Mma1688<TM>(s[0], a, b[0]);
-            Mma1688<TM>(s[1], a, b[1]);
-          }
-        } else {
-          const float* qf = reinterpret_cast<const float*>(q_s);
-          const float* kf = reinterpret_cast<const float*>(kptr);
-          auto qk = [&](auto two_rows) {
-#pragma unroll 4
-            for (int c = 0; c < D / 4; ++c) {
-              const float4 q0 = *reinterpret_cast<const float4*>(qf + gid * C::kQStride + c * 4);
-              float4 q1 = make_float4(0.f, 0.f, 0.f, 0.f);
-              if constexpr (decltype(two_rows)::value)
-                q1 = *reinterpret_cast<const float4*>(qf + (gid + 8) * C::kQStride + c * 4);
-#pragma unroll
-              for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const float4 kv = *reinterpret_cast<const float4*>(kf + kf_off[nt][e] + c * BS * 4);
-                  s[nt][e] = Dot4(q0, kv, s[nt][e]);
-                  if constexpr (decltype(two_rows)::value) s[nt][2 + e] = Dot4(q1, kv, s[nt][2 + e]);
-                }
-            }
-          };
-          if (rows > 8)
-            qk(std::true_type{});
-          else
-            qk(std::false_type{});
-        }
+        };
+        if (rows > 8)
+          qk(std::true_type{});
+        else
+          qk(std::false_type{});
+      }
 
-        // Logits (log2 units) and the online softmax over this slice's tokens.
-        float mx[2] = {-INFINITY, -INFINITY};
+      // Logits (log2 units) and the online softmax over this slice's tokens.
+      float mx[2] = {-INFINITY, -INFINITY};
+      // kAllValid (row split): every token of the pass holds data and lies in every
+      // row's range, and there is no ALiBi: no per-token test (the general one cost
+      // ~20 integer instructions per logit, most of the row split's instructions).
+      auto logits = [&](auto kAllValid) {
 #pragma unroll
         for (int h = 0; h < kSub; ++h)
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int j = 16 * h + token_of(nt, e);
+              const int j = 16 * h + token_of(nt, e);  // bit of smask
               const int r = e >> 1;
-              const int t = tbase + j;
+              const int t = tbase + (kRowSplit ? kSubStride * h + token_of(nt, e) : j);
               float l = -INFINITY;
               if constexpr (kPlain) {
                 if ((smask >> j) & 1u) {
                   l = sw[h][nt][e] * qk_scale;
                   if constexpr (kCap) l = cap2 * FastTanh(l * cap_inv);
                 }
+              } else if constexpr (decltype(kAllValid)::value) {
+                l = sw[h][nt][e] * qk_scale;
+                if (soft_cap > 0.0f) l = cap2 * FastTanh(l * cap_inv);
               } else {
                 if (((smask >> j) & 1u) && t >= r_start[r] && t < r_end[r]) {
                   l = fmaf(sw[h][nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
@@ -808,177 +893,206 @@ __global__ void __launch_bounds__(
               sw[h][nt][e] = l;
               mx[r] = fmaxf(mx[r], l);
             }
-        float alpha[2];
+      };
+      if constexpr (kRowSplit) {
+        // (smask, tbase and the bounds are warp-uniform.)
+        if (smask == kFullMask && tbase >= all_valid_lo && tbase <= all_valid_hi)
+          logits(std::true_type{});
+        else
+          logits(std::false_type{});
+      } else {
+        logits(std::false_type{});
+      }
+      float alpha[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-          const float m_new = fmaxf(m_run[r], mx[r]);
-          alpha[r] = Exp2Ftz(m_run[r] - m_new);
-          m_run[r] = m_new;
-          l_run[r] *= alpha[r];
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        alpha[r] = Exp2Ftz(m_run[r] - m_new);
+        m_run[r] = m_new;
+        l_run[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int h = 0; h < kSub; ++h)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sw[h][nt][e] = Exp2Ftz(sw[h][nt][e] - m_run[e >> 1]);
+      // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
+      // fp8 path, bound by instruction issue, skips the multiplies when no
+      // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
+      // block size: 146.6 -> 139.6 us; on bf16 it measured neutral, +-1.5%).
+      if (!kFp8 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform
+#pragma unroll
+        for (int n = 0; n < C::kNTiles; ++n) {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
         }
-#pragma unroll
-        for (int h = 0; h < kSub; ++h)
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sw[h][nt][e] = Exp2Ftz(sw[h][nt][e] - m_run[e >> 1]);
-        // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
-        // fp8 path, bound by instruction issue, skips the multiplies when no
-        // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
-        // block size: 146.6 -> 139.6 us; on bf16 it measured neutral, +-1.5%).
-        if (!kFp8 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform
-#pragma unroll
-          for (int n = 0; n < C::kNTiles; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-          }
-        }
+      }
 
-        // O += P V. Tokens without data (smask) have their V zeroed in registers:
-        // their P is 0, but 0 * NaN would still poison O.
-        if constexpr (C::kMma) {
-          // A fragment of P (rows, k = the slice's tokens), rounded to T; the
-          // softmax sum adds the unrounded fp32 values, so that lse (and the
-          // split weights) are fp32-accurate, as in the classic kernels.
-          uint32_t paw[kSub][4];
+      // O += P V. Tokens without data (smask) have their V zeroed in registers:
+      // their P is 0, but 0 * NaN would still poison O.
+      if constexpr (C::kMma) {
+        // A fragment of P (rows, k = the slice's tokens), rounded to T; the
+        // softmax sum adds the unrounded fp32 values, so that lse (and the
+        // split weights) are fp32-accurate, as in the classic kernels.
+        uint32_t paw[kSub][4];
 #pragma unroll
-          for (int h = 0; h < kSub; ++h) {
-            paw[h][0] = PackPair<TM>(sw[h][0][0], sw[h][0][1]);
-            paw[h][1] = PackPair<TM>(sw[h][0][2], sw[h][0][3]);
-            paw[h][2] = PackPair<TM>(sw[h][1][0], sw[h][1][1]);
-            paw[h][3] = PackPair<TM>(sw[h][1][2], sw[h][1][3]);
-            l_run[0] += (sw[h][0][0] + sw[h][0][1]) + (sw[h][1][0] + sw[h][1][1]);
-            l_run[1] += (sw[h][0][2] + sw[h][0][3]) + (sw[h][1][2] + sw[h][1][3]);
-          }
-          const uint32_t (&pa)[4] = paw[0];  // the 16-bit path's only sub-slice
-          // Two copies of the loop, so that full slices (all but a partition's
-          // last) test nothing per n-tile (a per-tile test cost 4 branch
-          // instructions per n-tile in the fp8 SASS).
-          const bool masked = smask != kFullMask;
-          if constexpr (kFp8) {
-            // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h)
-            // of dim gid.
-            auto pv8 = [&](auto kMasked) {
-              uint32_t byte_mask[kSub];
+        for (int h = 0; h < kSub; ++h) {
+          paw[h][0] = PackPair<TM>(sw[h][0][0], sw[h][0][1]);
+          paw[h][1] = PackPair<TM>(sw[h][0][2], sw[h][0][3]);
+          paw[h][2] = PackPair<TM>(sw[h][1][0], sw[h][1][1]);
+          paw[h][3] = PackPair<TM>(sw[h][1][2], sw[h][1][3]);
+          l_run[0] += (sw[h][0][0] + sw[h][0][1]) + (sw[h][1][0] + sw[h][1][1]);
+          l_run[1] += (sw[h][0][2] + sw[h][0][3]) + (sw[h][1][2] + sw[h][1][3]);
+        }
+        const uint32_t (&pa)[4] = paw[0];  // the 16-bit path's only sub-slice
+        // Two copies of the loop, so that full slices (all but a partition's
+        // last) test nothing per n-tile (a per-tile test cost 4 branch
+        // instructions per n-tile in the fp8 SASS).
+        const bool masked = smask != kFullMask;
+        if constexpr (kFp8) {
+          // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h)
+          // of dim gid.
+          auto pv8 = [&](auto kMasked) {
+            uint32_t byte_mask[kSub];
 #pragma unroll
-              for (int h = 0; h < kSub; ++h)
-                byte_mask[h] = decltype(kMasked)::value
-                                   ? ByteMask((smask >> (16 * h + 4 * tq)) & 0xFu)
-                                   : 0xFFFFFFFFu;
+            for (int h = 0; h < kSub; ++h)
+              byte_mask[h] = decltype(kMasked)::value
+                                 ? ByteMask((smask >> (16 * h + 4 * tq)) & 0xFu)
+                                 : 0xFFFFFFFFu;
 #pragma unroll
-              for (int n = 0; n < C::kNTiles; ++n)
+            for (int n = 0; n < C::kNTiles; ++n)
 #pragma unroll
-                for (int h = 0; h < kSub; ++h) {
-                  uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v8_off[h] + n * 8 * BS);
-                  if constexpr (decltype(kMasked)::value) raw &= byte_mask[h];
-                  uint32_t b0, b1;
-                  Fp8x4ToHalf2x2<TC>(raw, b0, b1);
-                  Mma16816<TM>(o[n], paw[h], b0, b1);
-                }
-            };
-            if (masked)
-              pv8(std::true_type{});
-            else
-              pv8(std::false_type{});
-          } else {
-            // V fragment b0 holds tokens 2tq, 2tq+1; b1 tokens 2tq+8, 2tq+9.
-            const uint32_t vm0 = (((smask >> (2 * tq)) & 1u) ? 0x0000FFFFu : 0u) |
-                                 (((smask >> (2 * tq + 1)) & 1u) ? 0xFFFF0000u : 0u);
-            const uint32_t vm1 = (((smask >> (2 * tq + 8)) & 1u) ? 0x0000FFFFu : 0u) |
-                                 (((smask >> (2 * tq + 9)) & 1u) ? 0xFFFF0000u : 0u);
-            auto pv16 = [&](auto kMasked) {
-              constexpr bool kM = decltype(kMasked)::value;
-#pragma unroll
-              for (int np = 0; np < C::kNTiles / 2; ++np) {
-                uint32_t b[4];
-                Ldsm4(b, vbase + v_off_s + np * 32 * BS);
-                if constexpr (kM) {
-                  b[0] &= vm0;
-                  b[1] &= vm1;
-                  b[2] &= vm0;
-                  b[3] &= vm1;
-                }
-                Mma16816<TM>(o[2 * np], pa, b[0], b[1]);
-                Mma16816<TM>(o[2 * np + 1], pa, b[2], b[3]);
+              for (int h = 0; h < kSub; ++h) {
+                uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v8_off[h] + n * 8 * BS);
+                if constexpr (decltype(kMasked)::value) raw &= byte_mask[h];
+                uint32_t b0, b1;
+                Fp8x4ToHalf2x2<TC>(raw, b0, b1);
+                Mma16816<TM>(o[n], paw[h], b0, b1);
               }
-              if constexpr (C::kNTiles % 2 == 1) {
-                uint32_t b[2];
-                Ldsm2(b, vbase + v_off_s + (C::kNTiles / 2) * 32 * BS);
-                if constexpr (kM) {
-                  b[0] &= vm0;
-                  b[1] &= vm1;
-                }
-                Mma16816<TM>(o[C::kNTiles - 1], pa, b[0], b[1]);
-              }
-            };
-            if (masked)
-              pv16(std::true_type{});
-            else
-              pv16(std::false_type{});
-          }
+          };
+          if (masked)
+            pv8(std::true_type{});
+          else
+            pv8(std::false_type{});
         } else {
-          // Gather the slice's probabilities of rows gid, gid + 8 from the quad.
-          float pr[2][16];
+          // V fragment b0 holds tokens 2tq, 2tq+1; b1 tokens 2tq+8, 2tq+9 (of
+          // sub-slice h).
+          uint32_t vm0[kSub], vm1[kSub];
+          auto value_masks = [&] {
 #pragma unroll
-          for (int src = 0; src < 4; ++src)
+            for (int h = 0; h < kSub; ++h) {
+              const uint32_t hm = static_cast<uint32_t>(smask >> (16 * h));
+              vm0[h] = (((hm >> (2 * tq)) & 1u) ? 0x0000FFFFu : 0u) |
+                       (((hm >> (2 * tq + 1)) & 1u) ? 0xFFFF0000u : 0u);
+              vm1[h] = (((hm >> (2 * tq + 8)) & 1u) ? 0x0000FFFFu : 0u) |
+                       (((hm >> (2 * tq + 9)) & 1u) ? 0xFFFF0000u : 0u);
+            }
+          };
+          if constexpr (!kRowSplit) value_masks();  // (the row split: only when masked)
+          auto pv16 = [&](auto kMasked) {
+            constexpr bool kM = decltype(kMasked)::value;
+            if constexpr (kRowSplit && kM) value_masks();
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+            for (int np = 0; np < C::kNTiles / 2; ++np)
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                pr[e >> 1][nt * 8 + 2 * src + (e & 1)] =
-                    __shfl_sync(0xffffffffu, s[nt][e], (lane & ~3) | src);
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            l_run[0] += s[nt][0] + s[nt][1];
-            l_run[1] += s[nt][2] + s[nt][3];
-          }
-          const float* vf = reinterpret_cast<const float*>(vptr);
-          auto pv = [&](auto two_rows) {
-#pragma unroll
-            for (int j4 = 0; j4 < 4; ++j4) {
-              const uint32_t bits = (smask >> (4 * j4)) & 0xFu;
-              if (bits == 0u) continue;  // warp-uniform
-              const int tv = slice_tok + 4 * j4;
-              const float* vrow = vf + (tv >> log2_bs) * page_elems + (tv & (BS - 1));
-#pragma unroll
-              for (int n = 0; n < C::kNTiles; ++n) {
-                const int d = dim0 + n * 8 + 2 * tq;
-                float4 va = *reinterpret_cast<const float4*>(vrow + d * BS);
-                float4 vb = *reinterpret_cast<const float4*>(vrow + (d + 1) * BS);
-                if (bits != 0xFu) {  // zero masked tokens' values (NaN-safe)
-                  va.x = (bits & 1u) ? va.x : 0.f;
-                  va.y = (bits & 2u) ? va.y : 0.f;
-                  va.z = (bits & 4u) ? va.z : 0.f;
-                  va.w = (bits & 8u) ? va.w : 0.f;
-                  vb.x = (bits & 1u) ? vb.x : 0.f;
-                  vb.y = (bits & 2u) ? vb.y : 0.f;
-                  vb.z = (bits & 4u) ? vb.z : 0.f;
-                  vb.w = (bits & 8u) ? vb.w : 0.f;
+              for (int h = 0; h < kSub; ++h) {
+                uint32_t b[4];
+                Ldsm4(b, vbase + v_off_h[h] + np * 32 * BS);
+                if constexpr (kRowSplit) {
+                  UnswapPair(b[0], b[1], v_swap);
+                  UnswapPair(b[2], b[3], v_swap);
                 }
-                const float4 p0 = make_float4(pr[0][4 * j4], pr[0][4 * j4 + 1], pr[0][4 * j4 + 2],
-                                              pr[0][4 * j4 + 3]);
-                o[n][0] = Dot4(p0, va, o[n][0]);
-                o[n][1] = Dot4(p0, vb, o[n][1]);
-                if constexpr (decltype(two_rows)::value) {
-                  const float4 p1 = make_float4(pr[1][4 * j4], pr[1][4 * j4 + 1],
-                                                pr[1][4 * j4 + 2], pr[1][4 * j4 + 3]);
-                  o[n][2] = Dot4(p1, va, o[n][2]);
-                  o[n][3] = Dot4(p1, vb, o[n][3]);
+                if constexpr (kM) {
+                  b[0] &= vm0[h];
+                  b[1] &= vm1[h];
+                  b[2] &= vm0[h];
+                  b[3] &= vm1[h];
                 }
+                Mma16816<TM>(o[2 * np], paw[h], b[0], b[1]);
+                Mma16816<TM>(o[2 * np + 1], paw[h], b[2], b[3]);
+              }
+            if constexpr (C::kNTiles % 2 == 1) {
+#pragma unroll
+              for (int h = 0; h < kSub; ++h) {
+                uint32_t b[2];
+                Ldsm2(b, vbase + v_off_h[h] + (C::kNTiles / 2) * 32 * BS);
+                if constexpr (kRowSplit) UnswapPair(b[0], b[1], v_swap);
+                if constexpr (kM) {
+                  b[0] &= vm0[h];
+                  b[1] &= vm1[h];
+                }
+                Mma16816<TM>(o[C::kNTiles - 1], paw[h], b[0], b[1]);
               }
             }
           };
-          if (rows > 8)
-            pv(std::true_type{});
+          if (masked)
+            pv16(std::true_type{});
           else
-            pv(std::false_type{});
+            pv16(std::false_type{});
         }
+      } else {
+        // Gather the slice's probabilities of rows gid, gid + 8 from the quad.
+        float pr[2][16];
+#pragma unroll
+        for (int src = 0; src < 4; ++src)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              pr[e >> 1][nt * 8 + 2 * src + (e & 1)] =
+                  __shfl_sync(0xffffffffu, s[nt][e], (lane & ~3) | src);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          l_run[0] += s[nt][0] + s[nt][1];
+          l_run[1] += s[nt][2] + s[nt][3];
+        }
+        const float* vf = reinterpret_cast<const float*>(vptr);
+        auto pv = [&](auto two_rows) {
+#pragma unroll
+          for (int j4 = 0; j4 < 4; ++j4) {
+            const uint32_t bits = (smask >> (4 * j4)) & 0xFu;
+            if (bits == 0u) continue;  // warp-uniform
+            const int tv = slice_tok + 4 * j4;
+            const float* vrow = vf + (tv >> log2_bs) * page_elems + (tv & (BS - 1));
+#pragma unroll
+            for (int n = 0; n < C::kNTiles; ++n) {
+              const int d = dim0 + n * 8 + 2 * tq;
+              float4 va = *reinterpret_cast<const float4*>(vrow + d * BS);
+              float4 vb = *reinterpret_cast<const float4*>(vrow + (d + 1) * BS);
+              if (bits != 0xFu) {  // zero masked tokens' values (NaN-safe)
+                va.x = (bits & 1u) ? va.x : 0.f;
+                va.y = (bits & 2u) ? va.y : 0.f;
+                va.z = (bits & 4u) ? va.z : 0.f;
+                va.w = (bits & 8u) ? va.w : 0.f;
+                vb.x = (bits & 1u) ? vb.x : 0.f;
+                vb.y = (bits & 2u) ? vb.y : 0.f;
+                vb.z = (bits & 4u) ? vb.z : 0.f;
+                vb.w = (bits & 8u) ? vb.w : 0.f;
+              }
+              const float4 p0 = make_float4(pr[0][4 * j4], pr[0][4 * j4 + 1], pr[0][4 * j4 + 2],
+                                            pr[0][4 * j4 + 3]);
+              o[n][0] = Dot4(p0, va, o[n][0]);
+              o[n][1] = Dot4(p0, vb, o[n][1]);
+              if constexpr (decltype(two_rows)::value) {
+                const float4 p1 = make_float4(pr[1][4 * j4], pr[1][4 * j4 + 1],
+                                              pr[1][4 * j4 + 2], pr[1][4 * j4 + 3]);
+                o[n][2] = Dot4(p1, va, o[n][2]);
+                o[n][3] = Dot4(p1, vb, o[n][3]);
+              }
+            }
+          }
+        };
+        if (rows > 8)
+          pv(std::true_type{});
+        else
+          pv(std::false_type{});
       }
-    }  // slices
+    }
 
     __syncthreads();  // every warp is done with this stage: refill it
     if (warp == 0 && k + kStages < ntiles) {
@@ -1165,13 +1279,16 @@ GroupedInstance GroupedInstanceForBlockSize(int block_size) {
 template <typename T, typename TC, int D, int kRowBlocks = 1>
 GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
-  const bool plain_shape = p.q_len == 1 && p.sliding_window <= 0 && p.alibi_slopes == nullptr;
-  const bool capped = p.soft_cap > 0.0f;
-  if (plain_shape && !capped)
-    return GroupedInstanceForBlockSize<T, TC, D, true, false, kRowBlocks>(p.block_size);
-  if constexpr (C::kMma && !C::kFp8) {
-    if (plain_shape)
-      return GroupedInstanceForBlockSize<T, TC, D, true, true, kRowBlocks>(p.block_size);
+  // (The row split runs multi-token queries only, never the plain step: kRowBlocks
+  // > 1 instantiates the general kernel alone.)
+  if constexpr (kRowBlocks == 1) {
+    const bool plain_shape = p.q_len == 1 && p.sliding_window <= 0 && p.alibi_slopes == nullptr;
+    const bool capped = p.soft_cap > 0.0f;
+    if (plain_shape && !capped)
+      return GroupedInstanceForBlockSize<T, TC, D, true, false>(p.block_size);
+    if constexpr (C::kMma && !C::kFp8) {
+      if (plain_shape) return GroupedInstanceForBlockSize<T, TC, D, true, true>(p.block_size);
+    }
   }
   return GroupedInstanceForBlockSize<T, TC, D, false, false, kRowBlocks>(p.block_size);
 }

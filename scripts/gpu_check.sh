@@ -191,16 +191,32 @@ else
     # Platform allocator: every XLA buffer is its own cudaMalloc, so memcheck catches an
     # access past a buffer's end; no preallocation; no CUDA graphs (plain launches); no
     # autotuning (XLA's GEMM autotuner would run many kernels under the sanitizer).
-    # shellcheck disable=SC2086
-    XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform \
-    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0" \
-    run_stage sanitizer "$OUTDIR/sanitizer.log" "${SANITIZER_TIMEOUT:-240}" \
-      "$SAN" --tool memcheck --target-processes all --error-exitcode 3 --print-limit 100 \
-      ${SANITIZER_ARGS:---report-api-errors no} "$PY" scripts/sanitizer_case.py
+    run_sanitizer() {
+      # shellcheck disable=SC2086
+      XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0" \
+      run_stage sanitizer "$OUTDIR/sanitizer.log" "${SANITIZER_TIMEOUT:-240}" \
+        "$SAN" --tool memcheck --target-processes all --error-exitcode 3 --print-limit 100 \
+        ${SANITIZER_ARGS:---report-api-errors no} "$PY" scripts/sanitizer_case.py
+    }
+    run_sanitizer
+    san_rc=$?
+    retried=""
+    # compute-sanitizer itself sometimes dies of a segfault (exit 139, no ERROR SUMMARY;
+    # twelfth session: twice on fresh H200 machines, dmesg naming the compute-sanitizer
+    # binary): run it once more and say so, keeping the first log.
+    if [ "$san_rc" -ge 128 ] && ! grep -q "ERROR SUMMARY" "$OUTDIR/sanitizer.log"; then
+      mv "$OUTDIR/sanitizer.log" "$ROOT/out/sanitizer_crashed.log"
+      unset 'STAGES[${#STAGES[@]}-1]'
+      FAILED=0
+      for s in "${STAGES[@]}"; do case ${RESULT[$s]} in FAILED*) FAILED=1 ;; esac; done
+      retried="compute-sanitizer crashed (exit $san_rc; log out/sanitizer_crashed.log), run again: "
+      run_sanitizer
+    fi
     n_err=$(grep -oE "ERROR SUMMARY: [0-9]+" "$OUTDIR/sanitizer.log" | awk '{s += $3} END {print s + 0}')
     n_sum=$(grep -c "ERROR SUMMARY" "$OUTDIR/sanitizer.log")
     case_line=$(grep -E "^sanitizer case:" "$OUTDIR/sanitizer.log" | tail -n 1)
-    DETAIL[sanitizer]="memcheck errors: $n_err (over $n_sum ERROR SUMMARY lines); ${case_line:-case output missing}"
+    DETAIL[sanitizer]="${retried}memcheck errors: $n_err (over $n_sum ERROR SUMMARY lines); ${case_line:-case output missing}"
     if [ "$n_err" -gt 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED"; FAILED=1; fi
     if [ "$n_sum" -eq 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED (no ERROR SUMMARY)"; FAILED=1; fi
   fi

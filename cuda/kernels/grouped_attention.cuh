@@ -31,7 +31,10 @@
 // grouped_launch.h): a KV head with more than 16 query rows takes CTAs of 32 or 64 rows
 // instead of 16 (two or four row blocks), the warps split over row blocks and,
 // with two, over pairs of slices; each warp holds its 16 query rows in
-// registers; each page is copied once per 32 or 64 rows.
+// registers and computes all its slices of a tile in one pass (independent
+// accumulator chains; one max shuffle and O rescale per tile); V's ldmatrix rows
+// are swizzled against bank conflicts; a pass wholly inside every row's range
+// skips the per-token tests; each page is copied once per 32 or 64 rows.
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the
@@ -314,8 +317,8 @@ __device__ __forceinline__ unsigned SmId() {
 // see SelectGroupedKernel).
 // kRowBlocks (the row split when > 1, see RowBlocks): 16 * kRowBlocks
 // query rows per CTA, warp w computing row block w / kSliceGroups over slices
-// w % kSliceGroups + j * kSliceGroups of each tile (GroupedConfig); the epilogue
-// merges the kSliceGroups partials of each row.
+// w % kSliceGroups + j * kSliceGroups of each tile, all in one pass
+// (GroupedConfig); the epilogue merges the kSliceGroups partials of each row.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1>
 __global__ void __launch_bounds__(

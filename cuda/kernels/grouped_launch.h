@@ -45,8 +45,8 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // kRowBlocks (1, 2 or 4; more than 1 only for 16-bit caches, D <= 128, see
 // RowBlocks): blocks of 16 query rows per CTA.
 // With kRowBlocks > 1 the warps split over rows as well as tokens: warp w owns
-// row block w / kSliceGroups and walks every kSliceGroups-th token slice of each
-// tile from slice w % kSliceGroups, so that a KV head with more than 16 rows
+// row block w / kSliceGroups and computes every kSliceGroups-th token slice of
+// each tile from slice w % kSliceGroups (in one pass), so that a KV head with more than 16 rows
 // (q_len * group > 16) reads each page once per 16 * kRowBlocks rows instead of
 // once per 16 (see SelectGroupedKernel). kRowBlocks == 1 is the decode kernel.
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1>
@@ -85,8 +85,8 @@ struct GroupedConfig {
   static_assert(kRowBlocks == 1 || (kMma && !kFp8 && kWarpsPerSlice == 1),
                 "the row split is for 16-bit caches with one warp per slice (D <= 128)");
   static constexpr bool kRowSplit = kRowBlocks > 1;
-  // Query rows per CTA; warps per row block (each walking its own token slices);
-  // token slices each warp computes per tile; slice partials the epilogue merges
+  // Query rows per CTA; warps per row block (each computing its own token slices);
+  // token slices each warp computes per tile (one pass); slice partials the epilogue merges
   // per row (one per warp of a row block).
   static constexpr int kRows = kRowBlocks * kMaxRows;
   static constexpr int kSliceGroups = kSlices / kRowBlocks;

@@ -49,7 +49,6 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/n
 
 STAGES=()
 declare -A RESULT DETAIL SECONDS_TAKEN
-FAILED=0
 
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
 
@@ -60,7 +59,8 @@ now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
 run_stage() {
   local name=$1 log=$2 tmo=$3
   shift 3
-  STAGES+=("$name")
+  # (A stage run again, e.g. the sanitizer after a crash, keeps its place.)
+  [[ " ${STAGES[*]} " == *" $name "* ]] || STAGES+=("$name")
   echo
   echo "=== [$name] $(now): $*"
   local t0=$SECONDS rc arg script=""
@@ -70,7 +70,7 @@ run_stage() {
   [ -n "$script" ] && pkill -9 -f "$script" 2>/dev/null
   cat "$log"
   SECONDS_TAKEN[$name]=$((SECONDS - t0))
-  if [ "$rc" -eq 0 ]; then RESULT[$name]=ok; else RESULT[$name]="FAILED (exit $rc)"; FAILED=1; fi
+  if [ "$rc" -eq 0 ]; then RESULT[$name]=ok; else RESULT[$name]="FAILED (exit $rc)"; fi
   [ "$rc" -eq 124 ] && RESULT[$name]="FAILED (timed out after ${tmo}s)"
   echo "=== [$name] ${RESULT[$name]} in ${SECONDS_TAKEN[$name]}s"
   return "$rc"
@@ -116,7 +116,7 @@ else
     RESULT[install]=ok
     grep -E "jax_paged: (building|no CUDA)|XLA FFI headers" "$OUTDIR/install.log" | sed 's/^/  /' | head -5
   else
-    RESULT[install]="FAILED (exit $rc)"; FAILED=1
+    RESULT[install]="FAILED (exit $rc)"
     [ "$rc" -eq 124 ] && RESULT[install]="FAILED (timed out)"
     grep -nE "error|Error|ERROR" "$OUTDIR/install.log" | head -40
     tail -n 40 "$OUTDIR/install.log"
@@ -185,7 +185,7 @@ if [ "${SKIP_SANITIZER:-0}" = 1 ]; then
 else
   SAN=$(find_sanitizer | head -n 1)
   if [ -z "$SAN" ]; then
-    STAGES+=(sanitizer); RESULT[sanitizer]="FAILED (compute-sanitizer not found)"; FAILED=1
+    STAGES+=(sanitizer); RESULT[sanitizer]="FAILED (compute-sanitizer not found)"
     echo; echo "=== [sanitizer] compute-sanitizer not found" | tee "$OUTDIR/sanitizer.log"
   else
     # Platform allocator: every XLA buffer is its own cudaMalloc, so memcheck catches an
@@ -207,9 +207,6 @@ else
     # binary): run it once more and say so, keeping the first log.
     if [ "$san_rc" -ge 128 ] && ! grep -q "ERROR SUMMARY" "$OUTDIR/sanitizer.log"; then
       mv "$OUTDIR/sanitizer.log" "$ROOT/out/sanitizer_crashed.log"
-      unset 'STAGES[${#STAGES[@]}-1]'
-      FAILED=0
-      for s in "${STAGES[@]}"; do case ${RESULT[$s]} in FAILED*) FAILED=1 ;; esac; done
       retried="compute-sanitizer crashed (exit $san_rc; log out/sanitizer_crashed.log), run again: "
       run_sanitizer
     fi
@@ -217,8 +214,8 @@ else
     n_sum=$(grep -c "ERROR SUMMARY" "$OUTDIR/sanitizer.log")
     case_line=$(grep -E "^sanitizer case:" "$OUTDIR/sanitizer.log" | tail -n 1)
     DETAIL[sanitizer]="${retried}memcheck errors: $n_err (over $n_sum ERROR SUMMARY lines); ${case_line:-case output missing}"
-    if [ "$n_err" -gt 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED"; FAILED=1; fi
-    if [ "$n_sum" -eq 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED (no ERROR SUMMARY)"; FAILED=1; fi
+    if [ "$n_err" -gt 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED"; fi
+    if [ "$n_sum" -eq 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED (no ERROR SUMMARY)"; fi
   fi
 fi
 
@@ -248,6 +245,8 @@ else
 fi
 
 # ---- 6. summary ------------------------------------------------------------
+FAILED=0  # any stage's final result a failure
+for s in "${STAGES[@]}"; do case ${RESULT[$s]} in FAILED*) FAILED=1 ;; esac; done
 {
   echo
   echo "================================ SUMMARY ================================"

@@ -253,6 +253,14 @@ __device__ __forceinline__ void StoreFour(T* dst, float4 v) {
   }
 }
 
+// Bits 0 .. n-1 of a kWidth-bit mask (16 or 32), n clamped to [0, kWidth]: the
+// tokens of a slice before the sequence's end.
+template <int kWidth>
+__device__ __forceinline__ uint32_t FirstBits(int n) {
+  constexpr uint32_t kAll = kWidth == 32 ? 0xFFFFFFFFu : (1u << kWidth) - 1u;
+  return n >= kWidth ? kAll : (n <= 0 ? 0u : ((1u << n) - 1u));
+}
+
 // (a, b) = (b, a) where `swap` (per lane): the row split's swizzled V fragments.
 __device__ __forceinline__ void UnswapPair(uint32_t& a, uint32_t& b, bool swap) {
   const uint32_t lo = swap ? b : a;
@@ -750,14 +758,10 @@ __global__ void __launch_bounds__(
     if constexpr (kRowSplit) {
       smask = 0u;
 #pragma unroll
-      for (int h = 0; h < kSub; ++h) {
-        const int rem = L - (tbase + kSubStride * h);
-        const uint32_t bits = rem >= 16 ? 0xFFFFu : (rem <= 0 ? 0u : ((1u << rem) - 1u));
-        smask |= static_cast<Mask>(bits) << (16 * h);
-      }
+      for (int h = 0; h < kSub; ++h)
+        smask |= static_cast<Mask>(FirstBits<16>(L - (tbase + kSubStride * h))) << (16 * h);
     } else {
-      const int rem = L - tbase;  // contiguous sub-slices
-      smask = rem >= kSliceTokens ? kFullMask : (rem <= 0 ? 0u : ((1u << rem) - 1u));
+      smask = FirstBits<kSliceTokens>(L - tbase);  // contiguous sub-slices
     }
     Mask page_bits = 0u;
 #pragma unroll

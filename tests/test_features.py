@@ -951,6 +951,27 @@ def test_gpu_features_at_scale(head_size, block_size):
 
 
 @requires_gpu
+@pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("head_size,block_size", [(96, 32), (128, 32), (80, 16), (64, 16),
+                                                  (112, 8)])
+def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_size):
+    """The row split's 64-row CTAs at every block size and head sizes 64-128, at
+    edge lengths (block and 64-token tile boundaries, 512-token partitions), with
+    NaN in every unused cache slot; plain (the wholly valid passes), with LSE and
+    a soft cap, with a window, and with 48 rows (a last row block a quarter full,
+    q_len 12). With JAX_PAGED_WGMMA=1 on an H100 / H200 (head sizes 80-128) this
+    checks the experimental wgmma kernel: V's layouts (8-token pages as stored,
+    16 and 32 swizzled in place), P.V in products of 64 + 32 + 16 columns."""
+    rng = np.random.default_rng(head_size * block_size)
+    lens = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
+    for q_len in (16, 12):
+        inp = make_inputs(rng, lens, 32, 8, head_size, block_size, cache_dtype, q_len=q_len)
+        compare("gpu", inp, "grouped")
+        compare("gpu", inp, "grouped", return_lse=True, soft_cap=10.0)
+        compare("gpu", inp, "grouped", sliding_window=100)
+
+
+@requires_gpu
 @pytest.mark.parametrize("q_len,cache_dtype", [(None, jnp.bfloat16), (2, jnp.float8_e4m3fn),
                                                (None, jnp.float8_e5m2)])
 def test_gpu_grouped_single_partition_with_features(q_len, cache_dtype):

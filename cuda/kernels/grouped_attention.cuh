@@ -35,6 +35,10 @@
 // accumulator chains; one max shuffle and O rescale per tile); V's ldmatrix rows
 // are swizzled against bank conflicts; a pass wholly inside every row's range
 // skips the per-token tests; each page is copied once per 32 or 64 rows.
+// An experimental form of the 64-row CTAs (kWgmma, off unless JAX_PAGED_WGMMA=1,
+// sm_90a only) computes Q.K and P.V as warpgroup products (wgmma.cuh) reading
+// K and V from the stages in place (V's 16- and 32-token pages swizzled in
+// place first), tile k + 1's Q.K overlapping tile k's softmax.
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the
@@ -60,6 +64,7 @@
 #include "launch.h"
 #include "paged_attention.cuh"  // PagedAttentionReduceKernel, EnsureSmemOptin
 #include "params.h"
+#include "wgmma.cuh"
 
 namespace jax_paged {
 namespace cuda {
@@ -328,7 +333,7 @@ __device__ __forceinline__ unsigned SmId() {
 // w % kSliceGroups + j * kSliceGroups of each tile, all in one pass
 // (GroupedConfig); the epilogue merges the kSliceGroups partials of each row.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1>
+          int kRowBlocks = 1, bool kWgmma = false>
 __global__ void __launch_bounds__(
     kThreads, (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D,
                              kRowBlocks>::kCtasPerSm))
@@ -341,6 +346,10 @@ __global__ void __launch_bounds__(
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks>;
   constexpr int kStages = C::kStages;
   constexpr bool kRowSplit = C::kRowSplit;
+  static_assert(!kWgmma || (kRowBlocks == 4 && D % 16 == 0 && !kPlain && kBlockSize > 0 &&
+                             C::kCtasPerSm == 2),
+                "wgmma: the row split's 64-row CTAs at two per SM, head_size % 16 == 0, "
+                "one block size");
 #ifdef JAX_PAGED_TRACE
   const unsigned long long t_entry = GlobalTimerNs();
   const long long c_entry = clock64();
@@ -428,7 +437,9 @@ __global__ void __launch_bounds__(
   const int start_blk = static_cast<int>(start_blk64);
   const int ntiles = (end_blk - start_blk + ppt - 1) / ppt;  // >= 1
 
-  extern __shared__ __align__(128) unsigned char smem[];
+  // (wgmma's swizzled V layouts repeat every 256 / 512 bytes of address: the
+  // stages start 1 KB aligned; stage, K / V region and page sizes keep that.)
+  extern __shared__ __align__(kWgmma ? 1024 : 128) unsigned char smem[];
   T* q_s = reinterpret_cast<T*>(smem + C::kQOff);
   float* ml_s = reinterpret_cast<float*>(smem + C::kMlOff);
   uint32_t* mask_s = reinterpret_cast<uint32_t*>(smem + C::kMaskOff);
@@ -741,40 +752,180 @@ __global__ void __launch_bounds__(
     if constexpr (D % 16 == 8) Ldsm2(qa_tail, q_addr + (D / 16) * 32);
   }
 
+  // wgmma (64-row CTAs, kWgmma): the pages as the tensor cores' B operands, read
+  // in place through descriptors (wgmma.cuh). Q.K: per 32 tokens and 16 dims,
+  // K-major without swizzle: a core matrix is 8 tokens x 8 dims, 128 contiguous
+  // bytes of a K page ([D/8][BS][8]); the next 8 dims are BS * 16 bytes on, and
+  // the product's four 8-token groups one stride apart: 128 bytes (a 32-token
+  // page), or a page (8-token pages: pages 4s..4s+3; 16-token pages: tokens
+  // 8s..8s+7 of each of the tile's four pages, so that product s holds n-tiles
+  // sw[0..3][s] instead of sw[2s..2s+1][0..1]). (16-column products, one per
+  // 16 tokens, measured no better: H200, q_len 16 at 64 x 32 x 8 x 4096, 390.0 us
+  // against 386.2 with these, before the Q.K overlap.) P.V: per 16 tokens
+  // and up to 64 dims, K-major (tokens) rows of the V page ([D][BS]), BS * 2 bytes
+  // per dim: 8-token pages are that layout without swizzle (the next 8 tokens are
+  // the next page); 16- and 32-token pages are it with 32- and 64-byte swizzle,
+  // which v_to_mma_layout (below) applies in place after each stage arrives.
+  // wg_k_off / wg_v_off: byte offsets of tile tokens 16 h.. in a stage's K / V.
+  // wg_k_off[s]: of Q.K product s's first token.
+  uint32_t wg_k_off[2] = {}, wg_v_off[kSub] = {};
+  uint64_t k_desc = 0, v_desc = 0;
+  if constexpr (kWgmma) {
+#pragma unroll
+    for (int h = 0; h < kSub; ++h) {
+      const int tok = 16 * h;
+      const uint32_t page_off = static_cast<uint32_t>((tok >> log2_bs) * page_elems) * 2u;
+      wg_v_off[h] = Opaque(page_off + static_cast<uint32_t>(tok & (BS - 1)) * 2u);
+    }
+#pragma unroll
+    for (int sp = 0; sp < 2; ++sp)
+      wg_k_off[sp] = Opaque(BS == 16 ? 128u * sp : static_cast<uint32_t>((32 * sp) >> log2_bs) * page_bytes);
+    k_desc = SmemDescriptor(16u * BS, BS == 32 ? 128u : page_bytes, SmemSwizzle::kNone);
+    v_desc = BS == 8 ? SmemDescriptor(page_bytes, 128u, SmemSwizzle::kNone)
+                     : (BS == 16 ? SmemDescriptor(16u, 256u, SmemSwizzle::k32B)
+                                 : SmemDescriptor(16u, 512u, SmemSwizzle::k64B));
+  }
+  // V rows (page, dim: BS tokens each) of a stage into the layouts above, in place:
+  // 16-token pages swap the two 16-byte halves of rows with d & 4 (32-byte
+  // swizzle: address bit 4 ^= bit 7), 32-token pages put 16-byte chunk c of row d
+  // at c ^ ((d >> 1) & 3) (64-byte swizzle: bits 4-5 ^= bits 7-8). Where the tile
+  // has tokens without data (`masked`) their values are zeroed too (P is 0 there,
+  // but 0 * NaN is NaN), so every row is rewritten. All threads; the caller fences.
+  auto v_to_mma_layout = [&](unsigned char* vrows, Mask data_bits, bool masked) {
+    if (BS == 8 && !masked) return;  // already in place
+    const int chunks = BS >> 3;      // 16-byte chunks (8 tokens) per row
+    for (int r = tid; r < ppt * D; r += kThreads) {
+      const int page = r / D;
+      const int d = r - page * D;
+      const uint32_t swz = BS == 16 ? (d >> 2) & 1 : (BS == 32 ? (d >> 1) & 3 : 0);
+      if (!masked && swz == 0u) continue;
+      uint4* row = reinterpret_cast<uint4*>(vrows + (page * page_elems + d * BS) * 2);
+      const uint32_t bits = masked ? static_cast<uint32_t>(data_bits >> (page * BS)) : ~0u;
+      auto keep = [&](uint4 c, int j) {  // chunk j's tokens without data zeroed
+        const uint32_t b = bits >> (8 * j);
+        c.x &= ((b & 1u) ? 0x0000FFFFu : 0u) | ((b & 2u) ? 0xFFFF0000u : 0u);
+        c.y &= ((b & 4u) ? 0x0000FFFFu : 0u) | ((b & 8u) ? 0xFFFF0000u : 0u);
+        c.z &= ((b & 16u) ? 0x0000FFFFu : 0u) | ((b & 32u) ? 0xFFFF0000u : 0u);
+        c.w &= ((b & 64u) ? 0x0000FFFFu : 0u) | ((b & 128u) ? 0xFFFF0000u : 0u);
+        return c;
+      };
+      // The permutation is a product of swaps (j, j ^ swz): two chunks at a time.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int jj = j ^ static_cast<int>(swz);
+        if (j >= chunks || jj < j) continue;
+        const uint4 a = keep(row[j], j);
+        if (jj == j) {
+          row[j] = a;
+        } else {
+          const uint4 b = keep(row[jj], jj);
+          row[jj] = a;
+          row[j] = b;
+        }
+      }
+    }
+  };
+
   // ---- main loop over the partition's tiles -----------------------------------------
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int k = 0; k < ntiles; ++k) {
-    MbarWait(bar0 + 8 * stage, phase);
-#ifdef JAX_PAGED_TRACE
-    if (k == 0) t_first = GlobalTimerNs();
-#endif
-    const uint32_t pages = mask_s[stage];
-    const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
-    const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
-    // Tokens of the warp's sub-slices that hold data (bit 16 h + j: token tbase +
-    // kSubStride * h + j): before L, in a page that was copied.
-    Mask smask;
+  // Tokens of the warp's sub-slices in tile kk (stage st, arrived) that hold data
+  // (bit 16 h + j: token tbase + kSubStride * h + j): before L, in a page that was
+  // copied.
+  auto tile_mask = [&](int kk, int st) -> Mask {
+    const uint32_t pages = mask_s[st];
+    const int tb = ((start_blk + kk * ppt) << log2_bs) + slice_tok_r;
+    Mask m;
     if constexpr (kRowSplit) {
-      smask = 0u;
+      m = 0u;
 #pragma unroll
       for (int h = 0; h < kSub; ++h)
-        smask |= static_cast<Mask>(FirstBits<16>(L - (tbase + kSubStride * h))) << (16 * h);
+        m |= static_cast<Mask>(FirstBits<16>(L - (tb + kSubStride * h))) << (16 * h);
     } else {
-      smask = FirstBits<kSliceTokens>(L - tbase);  // contiguous sub-slices
+      m = FirstBits<kSliceTokens>(L - tb);  // contiguous sub-slices
     }
     Mask page_bits = 0u;
 #pragma unroll
     for (int q = 0; q < 2 * kSub; ++q)
       page_bits |= ((pages >> pg[q]) & 1u) ? (static_cast<Mask>(0xFFu) << (8 * q)) : Mask{0};
-    smask &= page_bits;
-
 #ifdef JAX_PAGED_PROBE_NO_COMPUTE
     // Timing probe (development, wrong results): the pipeline without its arithmetic.
-    smask = 0u;
+    page_bits = 0u;
 #endif
+    return m & page_bits;
+  };
+
+  // wgmma: S = Q K^T of tile kk (stage st, arrived, mask m != 0) issued into
+  // s_next, and the tile's V re-laid for P.V (v_to_mma_layout). The kernel issues
+  // tile k + 1's products before tile k's softmax, so that the tensor cores
+  // compute them while the CUDA cores work (S double-buffered: sw, s_next).
+  float s_next[kWgmma ? kSub : 1][2][4];
+  auto issue_qk = [&](int st, float (&dst)[kWgmma ? kSub : 1][2][4]) {
+    if constexpr (kWgmma) {
+      const uint32_t kb = stages_addr + static_cast<uint32_t>(st) * C::kStageBytes;
+      WgmmaFence();  // (dst was read by ordinary instructions)
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+        for (int sp = 0; sp < 2; ++sp) {
+          const uint64_t desc = WithStart(k_desc, kb + wg_k_off[sp] + ks * 32u * BS);
+          // 16-token pages: product sp = tokens 8 sp.. of each page (see wg_k_off).
+          constexpr bool kInterleaved = kBlockSize == 16;
+          auto& t0 = kInterleaved ? dst[0][sp] : dst[2 * sp][0];
+          auto& t1 = kInterleaved ? dst[1][sp] : dst[2 * sp][1];
+          auto& t2 = kInterleaved ? dst[2][sp] : dst[2 * sp + 1][0];
+          auto& t3 = kInterleaved ? dst[3][sp] : dst[2 * sp + 1][1];
+          if (ks == 0)
+            WgmmaN32<TM, false>(t0, t1, t2, t3, qa[ks], desc);
+          else
+            WgmmaN32<TM, true>(t0, t1, t2, t3, qa[ks], desc);
+        }
+      WgmmaCommit();
+    }
+  };
+  auto relayout_v = [&](int st, Mask m) {
+    if constexpr (kWgmma)
+      v_to_mma_layout(smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC),
+                      m, m != kFullMask);
+  };
+
+  int stage = 0;
+  uint32_t phase = 0;
+  Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
+  if constexpr (kWgmma) {
+    MbarWait(bar0, 0u);
+    next_mask = tile_mask(0, 0);
+    if (next_mask != 0u) {
+      issue_qk(0, s_next);
+      relayout_v(0, next_mask);
+    }
+    FenceProxyAsyncShared();  // the re-layout's stores, before the tensor cores read V
+    __syncthreads();
+    WgmmaWaitAll();
+  }
+  for (int k = 0; k < ntiles; ++k) {
+    Mask smask;
+    if constexpr (kWgmma) {
+      smask = next_mask;
+    } else {
+      MbarWait(bar0 + 8 * stage, phase);
+      smask = tile_mask(k, stage);
+    }
+#ifdef JAX_PAGED_TRACE
+    if (k == 0) t_first = GlobalTimerNs();
+#endif
+    const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
+    const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
+    // wgmma: tile k + 1 (waited for here), its Q.K issued before tile k's softmax.
+    const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
+    if constexpr (kWgmma) {
+      next_mask = 0u;
+      if (k + 1 < ntiles) {
+        MbarWait(bar0 + 8 * next_stage, next_stage == 0 ? phase ^ 1u : phase);
+        next_mask = tile_mask(k + 1, next_stage);
+      }
+    }
     // (Row split: a warp whose row block is past the CTA's rows computes nothing.)
-    if (smask != 0u && (!kRowSplit || rows > rb * kMaxRows)) {  // warp-uniform
+    // (wgmma: every warp of the warpgroup takes part; smask is CTA-uniform there.)
+    if (smask != 0u && (kWgmma || !kRowSplit || rows > rb * kMaxRows)) {  // warp-uniform
       const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
       const uint32_t vbase = kbase + C::kTileElems * sizeof(TC);
       const unsigned char* kptr = smem + static_cast<size_t>(stage) * C::kStageBytes;
@@ -783,13 +934,24 @@ __global__ void __launch_bounds__(
       // S fragments: sw[h][nt][e] = q[row gid + 8 (e >> 1)] . k[token 16 h +
       // token_of(nt, e)] (h: sub-slice; only fp8 caches have more than one).
       float sw[kSub][2][4];
+      if constexpr (!kWgmma) {  // (wgmma's first product overwrites)
 #pragma unroll
-      for (int h = 0; h < kSub; ++h)
+        for (int h = 0; h < kSub; ++h)
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-          sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
+          for (int nt = 0; nt < 2; ++nt)
+            sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
+      }
       auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
-      if constexpr (kFp8) {
+      if constexpr (kWgmma) {
+        // S of tile k (computed during tile k - 1's softmax), then tile k + 1's.
+#pragma unroll
+        for (int h = 0; h < kSub; ++h)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sw[h][nt][e] = s_next[h][nt][e];
+        if (next_mask != 0u) issue_qk(next_stage, s_next);
+      } else if constexpr (kFp8) {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t a[4];
@@ -926,6 +1088,10 @@ __global__ void __launch_bounds__(
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) sw[h][nt][e] = Exp2Ftz(sw[h][nt][e] - m_run[e >> 1]);
+      // (wgmma: tile k + 1's Q.K done before O is touched: ptxas serializes every
+      // wgmma of a kernel where ordinary instructions use accumulators while
+      // products are in flight, warning C7514.)
+      if constexpr (kWgmma) WgmmaWaitAll();
       // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
       // fp8 path, bound by instruction issue, skips the multiplies when no
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
@@ -963,7 +1129,17 @@ __global__ void __launch_bounds__(
         // last) test nothing per n-tile (a per-tile test cost 4 branch
         // instructions per n-tile in the fp8 SASS).
         const bool masked = smask != kFullMask;
-        if constexpr (kFp8) {
+        if constexpr (kWgmma) {
+          // O (64 rows x D) += P V, 16 tokens x up to 64 dims per product; V's
+          // tokens without data were zeroed by v_to_mma_layout.
+          WgmmaFence();
+#pragma unroll
+          for (int h = 0; h < kSub; ++h)
+            WgmmaAccAll<TM, 0>(o, paw[h], [&](int d0) {
+              return WithStart(v_desc, vbase + wg_v_off[h] + static_cast<uint32_t>(d0 * BS) * 2u);
+            });
+          WgmmaCommit();
+        } else if constexpr (kFp8) {
           // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h)
           // of dim gid.
           auto pv8 = [&](auto kMasked) {
@@ -1103,6 +1279,14 @@ __global__ void __launch_bounds__(
       }
     }
 
+    if constexpr (kWgmma) {
+      // Tile k + 1's Q.K (if not issued above: tile k had nothing to compute) and
+      // V; then every product in flight done (this stage's P.V before its refill).
+      if (smask == 0u && next_mask != 0u) issue_qk(next_stage, s_next);
+      if (next_mask != 0u) relayout_v(next_stage, next_mask);
+      FenceProxyAsyncShared();
+      WgmmaWaitAll();
+    }
     __syncthreads();  // every warp is done with this stage: refill it
     if (warp == 0 && k + kStages < ntiles) {
       issue(k + kStages, stage, next_entry);
@@ -1235,14 +1419,63 @@ struct GroupedInstance {
   int max_rows;                        // GroupedConfig::kRows
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1>
+          int kRowBlocks = 1, bool kWgmma = false>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
-  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks>, smem_configured,
-          carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
+  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma>,
+          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
 }
+
+// Whether calls run the wgmma row split (an experiment, off by default):
+// JAX_PAGED_WGMMA=1 switches it on (read once), and it runs only on compute
+// capability 9.0, the one its sm_90a machine code runs on. It computes the same
+// results (the GPU suite passed with it on, H200, thirteenth session) but
+// measured 11-20% slower than the mma.sync row split at q_len 16, e.g. 399.7
+// against 347.0 us at 64 x 32 x 8 x 4096 (BENCHMARKS.md, thirteenth session).
+// Kept, tested, as the base for the next step (the two CTAs of an SM taking
+// turns on the tensor cores, or producer / consumer warpgroups), not chosen.
+inline bool WgmmaEnabled(int device) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("JAX_PAGED_WGMMA");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  if (!enabled) return false;
+  static std::atomic<int> is_sm90[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  if (device >= 0 && device < kMaxDevices) {
+    const int cached = is_sm90[device].load(std::memory_order_relaxed);
+    if (cached != 0) return cached == 1;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const bool yes = major == 9 && minor == 0;
+  if (device >= 0 && device < kMaxDevices) is_sm90[device].store(yes ? 1 : 2);
+  return yes;
+}
+
+// The row split's 64-row kernel with wgmma (kWgmma), for 16-bit caches of the
+// query's dtype T and head sizes D % 16 == 0 (WgmmaRowSplitAvailable), one per
+// block size (its products' layouts, and the n-tiles they fill, depend on it).
+// Defined only in the sm_90a translation units (cuda/ffi/wgmma_grouped_*.cu,
+// built when JAX_PAGED_HAVE_WGMMA), which instantiate it per head size.
+template <typename T, int D>
+GroupedInstance WgmmaRowSplitInstance(int block_size)
+#ifdef JAX_PAGED_WGMMA_TU
+{
+  switch (block_size) {  // 8, 16 or 32 (checked by the handler)
+    case 8: return GroupedInstanceOf<T, T, D, false, 8, false, 4, true>();
+    case 16: return GroupedInstanceOf<T, T, D, false, 16, false, 4, true>();
+    default: return GroupedInstanceOf<T, T, D, false, 32, false, 4, true>();
+  }
+}
+#else
+    ;
+#endif
 
 // Raises the shared-memory limit and the carveout hint of one kernel
 // instantiation, once per device.
@@ -1286,8 +1519,15 @@ GroupedInstance GroupedInstanceForBlockSize(int block_size) {
 // session, soft cap 30 against the general kernel: -0.2..-0.9 us at B=1
 // L=32768 (41.6-41.7 us, 76.7-77.5% of copy), -0.1 to -1.3 us elsewhere.
 template <typename T, typename TC, int D, int kRowBlocks = 1>
-GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p) {
+GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
+#ifdef JAX_PAGED_HAVE_WGMMA
+  if constexpr (kRowBlocks == 4 && WgmmaRowSplitAvailable(sizeof(T), sizeof(TC), D)) {
+    if (WgmmaEnabled(device)) return WgmmaRowSplitInstance<T, D>(p.block_size);
+  }
+#else
+  (void)device;
+#endif
   // (The row split runs multi-token queries only, never the plain step: kRowBlocks
   // > 1 instantiates the general kernel alone.)
   if constexpr (kRowBlocks == 1) {
@@ -1308,11 +1548,11 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p) {
 // pages; else SelectGroupedKernelOf's 16-row kernel. (Only 16-bit caches at head
 // sizes <= 128 instantiate the row-split kernels.)
 template <typename T, typename TC, int D>
-GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p) {
+GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p, int device) {
   return WithRowBlocks<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(
       p.q_len, RowsPerKvHead(p),
       [&](auto row_blocks) {
-        return SelectGroupedKernelOf<T, TC, D, decltype(row_blocks)::value>(p);
+        return SelectGroupedKernelOf<T, TC, D, decltype(row_blocks)::value>(p, device);
       });
 }
 
@@ -1325,7 +1565,7 @@ constexpr bool kProbeNoReduce = false;
 template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
                                    cudaStream_t stream) {
-  const GroupedInstance g = SelectGroupedKernel<T, TC, HEAD_SIZE>(p);
+  const GroupedInstance g = SelectGroupedKernel<T, TC, HEAD_SIZE>(p, device);
   if (cudaError_t err = ConfigureGroupedKernel(g, device); err != cudaSuccess) return err;
   const int rows = RowsPerKvHead(p);
   const int group_chunks = (rows + g.max_rows - 1) / g.max_rows;
@@ -1347,6 +1587,11 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
 }  // namespace grouped
 }  // namespace cuda
 }  // namespace jax_paged
+
+// The wgmma row-split kernel for one 16-bit dtype and head size (cuda/ffi/wgmma_grouped_*.cu).
+#define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA(T, H)                                   \
+  template jax_paged::cuda::grouped::GroupedInstance                               \
+  jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);
 
 // Explicit instantiation for one dtype and head size (cuda/ffi/cuda_grouped_*.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED(T, TC, H)                                        \

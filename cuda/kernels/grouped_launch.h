@@ -141,6 +141,17 @@ constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
   return qelem == 2 && celem == 2 && d < 192;
 }
 
+// Whether the row split's 64-row CTAs can run on the tensor cores' warpgroup
+// products (wgmma, grouped_attention.cuh's kWgmma): 16-bit caches of the query's
+// dtype, head_size % 16 == 0 (the Q.K products take 16 dims at a time), above 64.
+// (Head size 64 runs four CTAs per SM, 128 registers per thread: too few for the
+// second S tile that lets Q.K overlap the softmax, and without it the wgmma
+// kernel measured slower than mma.sync there, H200: 204.1 against 185.5 us at
+// 64 x 32 x 8 x 4096, q_len 16.)
+constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
+  return RowSplitAvailable(qelem, celem, d) && d % 16 == 0 && d > 64;
+}
+
 // The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read
 // once): for A/B benchmarks in one build, and as an escape hatch.
 inline bool RowSplitEnabled() {

@@ -140,29 +140,23 @@ __device__ __forceinline__ void WgmmaAcc(float (&o)[kNT][4], const uint32_t (&a)
     WgmmaN32<T, true>(o[N0], o[N0 + 1], o[N0 + 2], o[N0 + 3], a, desc);
   } else {
     static_assert(N == 64, "N = 16, 32 or 64");
+#define JAX_PAGED_WG_N64_(TYPES)                                                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " "                        \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "      \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+               "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"                                    \
+               : JAX_PAGED_WG_F4(o, N0 + 0), JAX_PAGED_WG_F4(o, N0 + 1),                      \
+                 JAX_PAGED_WG_F4(o, N0 + 2), JAX_PAGED_WG_F4(o, N0 + 3),                      \
+                 JAX_PAGED_WG_F4(o, N0 + 4), JAX_PAGED_WG_F4(o, N0 + 5),                      \
+                 JAX_PAGED_WG_F4(o, N0 + 6), JAX_PAGED_WG_F4(o, N0 + 7)                       \
+               : JAX_PAGED_WG_A4(a), "l"(desc), "r"(1))
     if constexpr (kBf16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-          "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
-          : JAX_PAGED_WG_F4(o, N0 + 0), JAX_PAGED_WG_F4(o, N0 + 1), JAX_PAGED_WG_F4(o, N0 + 2),
-            JAX_PAGED_WG_F4(o, N0 + 3), JAX_PAGED_WG_F4(o, N0 + 4), JAX_PAGED_WG_F4(o, N0 + 5),
-            JAX_PAGED_WG_F4(o, N0 + 6), JAX_PAGED_WG_F4(o, N0 + 7)
-          : JAX_PAGED_WG_A4(a), "l"(desc), "r"(1));
+      JAX_PAGED_WG_N64_("bf16.bf16");
     } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-          "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
-          : JAX_PAGED_WG_F4(o, N0 + 0), JAX_PAGED_WG_F4(o, N0 + 1), JAX_PAGED_WG_F4(o, N0 + 2),
-            JAX_PAGED_WG_F4(o, N0 + 3), JAX_PAGED_WG_F4(o, N0 + 4), JAX_PAGED_WG_F4(o, N0 + 5),
-            JAX_PAGED_WG_F4(o, N0 + 6), JAX_PAGED_WG_F4(o, N0 + 7)
-          : JAX_PAGED_WG_A4(a), "l"(desc), "r"(1));
+      JAX_PAGED_WG_N64_("f16.f16");
     }
+#undef JAX_PAGED_WG_N64_
   }
 #else
   __trap();

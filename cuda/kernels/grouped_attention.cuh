@@ -789,9 +789,13 @@ __global__ void __launch_bounds__(
   // 16-token pages swap the two 16-byte halves of rows with d & 4 (32-byte
   // swizzle: address bit 4 ^= bit 7), 32-token pages put 16-byte chunk c of row d
   // at c ^ ((d >> 1) & 3) (64-byte swizzle: bits 4-5 ^= bits 7-8). Where the tile
-  // has tokens without data (`masked`) their values are zeroed too (P is 0 there,
-  // but 0 * NaN is NaN), so every row is rewritten. All threads; the caller fences.
-  auto v_to_mma_layout = [&](unsigned char* vrows, Mask data_bits, bool masked) {
+  // has tokens without data (data_bits not full) their values are zeroed too (P is
+  // 0 there, but 0 * NaN is NaN), so every row is rewritten. Stage st's V; all
+  // threads; the caller fences.
+  auto v_to_mma_layout = [&](int st, Mask data_bits) {
+    unsigned char* vrows =
+        smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC);
+    const bool masked = data_bits != kFullMask;
     if (BS == 8 && !masked) return;  // already in place
     const int chunks = BS >> 3;      // 16-byte chunks (8 tokens) per row
     for (int r = tid; r < ppt * D; r += kThreads) {
@@ -853,8 +857,8 @@ __global__ void __launch_bounds__(
     return m & page_bits;
   };
 
-  // wgmma: S = Q K^T of tile kk (stage st, arrived, mask m != 0) issued into
-  // s_next, and the tile's V re-laid for P.V (v_to_mma_layout). The kernel issues
+  // wgmma: S = Q K^T of the tile in stage st (arrived, with data) issued into
+  // s_next; v_to_mma_layout then re-lays its V for P.V. The kernel issues
   // tile k + 1's products before tile k's softmax, so that the tensor cores
   // compute them while the CUDA cores work (S double-buffered: sw, s_next).
   float s_next[kWgmma ? kSub : 1][2][4];
@@ -881,11 +885,6 @@ __global__ void __launch_bounds__(
       WgmmaCommit();
     }
   };
-  auto relayout_v = [&](int st, Mask m) {
-    if constexpr (kWgmma)
-      v_to_mma_layout(smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC),
-                      m, m != kFullMask);
-  };
 
   int stage = 0;
   uint32_t phase = 0;
@@ -895,7 +894,7 @@ __global__ void __launch_bounds__(
     next_mask = tile_mask(0, 0);
     if (next_mask != 0u) {
       issue_qk(0, s_next);
-      relayout_v(0, next_mask);
+      v_to_mma_layout(0, next_mask);
     }
     FenceProxyAsyncShared();  // the re-layout's stores, before the tensor cores read V
     __syncthreads();
@@ -1283,7 +1282,7 @@ __global__ void __launch_bounds__(
       // Tile k + 1's Q.K (if not issued above: tile k had nothing to compute) and
       // V; then every product in flight done (this stage's P.V before its refill).
       if (smask == 0u && next_mask != 0u) issue_qk(next_stage, s_next);
-      if (next_mask != 0u) relayout_v(next_stage, next_mask);
+      if (next_mask != 0u) v_to_mma_layout(next_stage, next_mask);
       FenceProxyAsyncShared();
       WgmmaWaitAll();
     }
@@ -1441,21 +1440,7 @@ inline bool WgmmaEnabled(int device) {
     const char* v = std::getenv("JAX_PAGED_WGMMA");
     return v != nullptr && std::strcmp(v, "1") == 0;
   }();
-  if (!enabled) return false;
-  static std::atomic<int> is_sm90[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  if (device >= 0 && device < kMaxDevices) {
-    const int cached = is_sm90[device].load(std::memory_order_relaxed);
-    if (cached != 0) return cached == 1;
-  }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const bool yes = major == 9 && minor == 0;
-  if (device >= 0 && device < kMaxDevices) is_sm90[device].store(yes ? 1 : 2);
-  return yes;
+  return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
 }
 
 // The row split's 64-row kernel with wgmma (kWgmma), for 16-bit caches of the

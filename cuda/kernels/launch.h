@@ -60,20 +60,21 @@ inline size_t PagedAttentionSmemBytes(int head_size, int64_t logit_slots) {
 constexpr int kMaxDevices = 64;
 
 // Device attribute `kAttr` of `device`, queried once per (attribute, device)
-// and cached (0 if the query fails).
+// and cached, zero values included (0 if the query fails; not cached then).
 template <cudaDeviceAttr kAttr>
 inline int CachedDeviceAttribute(int device) {
-  static std::atomic<int> cache[kMaxDevices] = {};
+  static std::atomic<int> cache[kMaxDevices] = {};  // value + 1; 0: not queried yet
   if (device >= 0 && device < kMaxDevices) {
     const int cached = cache[device].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
+    if (cached > 0) return cached - 1;
   }
   int value = 0;
   if (cudaDeviceGetAttribute(&value, kAttr, device) != cudaSuccess) {
     (void)cudaGetLastError();  // clear the non-sticky error
     return 0;
   }
-  if (device >= 0 && device < kMaxDevices) cache[device].store(value, std::memory_order_relaxed);
+  if (device >= 0 && device < kMaxDevices && value >= 0)
+    cache[device].store(value + 1, std::memory_order_relaxed);
   return value;
 }
 
@@ -83,6 +84,9 @@ inline int MaxSharedMemoryOptin(int device) {
 
 inline int ComputeCapabilityMajor(int device) {
   return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMajor>(device);
+}
+inline int ComputeCapabilityMinor(int device) {
+  return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMinor>(device);
 }
 
 // Whether the V2 reduce is launched as a programmatic dependent of the

@@ -972,6 +972,36 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
 
 
 @requires_gpu
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("slope_scale", [0.004, 0.03, 0.3])
+def test_gpu_row_split_lazy_rescale_growing_maxima(block_size, slope_scale):
+    """The row split keeps a row's running maximum until a 64-token pass exceeds
+    it by more than 2^8 (kLazyRescale), then rescales. ALiBi slopes make every
+    row's logits grow along the sequence: by a fraction of that threshold per
+    pass (the maximum stays stale for many passes, probabilities up to 2^8),
+    about half of it, and several times it (a rescale in every pass); plus
+    keys scaled up along the sequence without ALiBi (the wholly valid passes).
+    Against the reference, with LSE (which must use the same maximum as O)."""
+    rng = np.random.default_rng(block_size + int(1000 * slope_scale))
+    lens = [1, 64, 65, 700, 1100, 2100]
+    inp = make_inputs(rng, lens, 32, 8, 128, block_size, jnp.bfloat16, q_len=16)
+    slopes = (slope_scale * rng.uniform(0.5, 1.0, size=32)).astype(np.float32)
+    compare("gpu", inp, "grouped", alibi_slopes=slopes, return_lse=True)
+    # Keys growing with the token's position (no ALiBi: the all-valid passes).
+    key = np.asarray(inp.key_cache, np.float32)  # [num_blocks, Hkv, D/x, bs, x]
+    pos = np.zeros(key.shape[0], np.float32)
+    for s, n in enumerate(lens):
+        for j, b in enumerate(np.asarray(inp.block_tables[s][: -(-n // block_size)])):
+            pos[b] = j * block_size
+    ramp = 1.0 + 40.0 * slope_scale * (pos[:, None, None, None, None] +
+                                       np.arange(block_size)[None, None, None, :, None]) / 1024
+    inp.key_cache = (key * ramp).astype(inp.key_cache.dtype)
+    inp.query = np.abs(np.asarray(inp.query, np.float32)).astype(inp.query.dtype)
+    inp.key_cache = np.abs(np.asarray(inp.key_cache, np.float32)).astype(inp.key_cache.dtype)
+    compare("gpu", inp, "grouped", return_lse=True)
+
+
+@requires_gpu
 @pytest.mark.parametrize("q_len,cache_dtype", [(None, jnp.bfloat16), (2, jnp.float8_e4m3fn),
                                                (None, jnp.float8_e5m2)])
 def test_gpu_grouped_single_partition_with_features(q_len, cache_dtype):

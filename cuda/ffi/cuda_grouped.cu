@@ -177,6 +177,9 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_PROBE_NO_REDUCE
          "PROBE_NO_REDUCE "
 #endif
+#ifdef JAX_PAGED_CTA_SYNC_STAGES
+         "CTA_SYNC_STAGES "
+#endif
       ;
 }
 

@@ -71,6 +71,7 @@ namespace cuda {
 namespace grouped {
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLazyRescale = 8.0f;  // the row split's lazy rescale threshold (log2 units)
 constexpr float kLn2 = 0.6931471805599453f;
 
 // ---- PTX wrappers ------------------------------------------------------------
@@ -96,6 +97,9 @@ __device__ __forceinline__ void FenceMbarInit() {
 __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
   uint32_t done;
@@ -298,6 +302,13 @@ __device__ __forceinline__ unsigned SmId() {
 }
 #endif
 
+// Development A/B switches (CMake options, off by default; see CMakeLists.txt).
+#ifdef JAX_PAGED_CTA_SYNC_STAGES
+constexpr bool kSyncStages = true;  // stages released by a __syncthreads per tile
+#else
+constexpr bool kSyncStages = false;
+#endif
+
 // ---- the kernel -----------------------------------------------------------------
 // grid (num_kv_heads * group_chunks, num_seqs chunk, max_num_partitions),
 // kThreads threads, GroupedConfig::kSmemBytes of dynamic shared memory.
@@ -445,10 +456,14 @@ __global__ void __launch_bounds__(
   uint32_t* mask_s = reinterpret_cast<uint32_t*>(smem + C::kMaskOff);
   const uint32_t stages_addr = SmemAddr(smem);
   const uint32_t bar0 = SmemAddr(smem + C::kBarOff);
+  const uint32_t empty_bar0 = SmemAddr(smem + C::kEmptyBarOff);
 
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) MbarInit(bar0 + 8 * s, 1);
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(bar0 + 8 * s, 1);
+      MbarInit(empty_bar0 + 8 * s, kWarps);  // one arrival per warp
+    }
     FenceMbarInit();
   }
   __syncthreads();
@@ -653,6 +668,9 @@ __global__ void __launch_bounds__(
   uint32_t q_addr = 0, k_off = 0, k_tail_off = 0, v_off = 0;
   // Row split: V row i of an ldmatrix matrix reads 8-token half VSwizzle(i) ^ (its
   // own); this lane's two V registers of a pair then come swapped (see below).
+  // (The swap costs two SEL per register pair, 128 of the ~800 instructions of
+  // a warp's 64-token tile at 16-token pages; unswizzled, those pages' two-way
+  // conflicts measured 3% slower at q_len 16, H200, fourteenth session.)
   auto VSwizzle = [&](int i) -> int {
     return BS == 16 ? (i >> 2) & 1 : (BS == 32 ? (i >> 1) & 1 : 0);
   };
@@ -837,6 +855,15 @@ __global__ void __launch_bounds__(
   auto tile_mask = [&](int kk, int st) -> Mask {
     const uint32_t pages = mask_s[st];
     const int tb = ((start_blk + kk * ppt) << log2_bs) + slice_tok_r;
+#ifndef JAX_PAGED_PROBE_NO_COMPUTE
+    if constexpr (kRowSplit) {
+      // Every page of the tile copied and its last token before L (all but a
+      // partition's last tile, as a rule): every token holds data, without the
+      // per-sub-slice arithmetic below (~60 instructions per tile).
+      if (pages == FirstBits<32>(ppt) && ((start_blk + (kk + 1) * ppt) << log2_bs) <= L)
+        return kFullMask;
+    }
+#endif
     Mask m;
     if constexpr (kRowSplit) {
       m = 0u;
@@ -1059,7 +1086,7 @@ __global__ void __launch_bounds__(
                 }
               }
               sw[h][nt][e] = l;
-              mx[r] = fmaxf(mx[r], l);
+              if constexpr (!kRowSplit) mx[r] = fmaxf(mx[r], l);
             }
       };
       if constexpr (kRowSplit) {
@@ -1071,15 +1098,62 @@ __global__ void __launch_bounds__(
       } else {
         logits(std::false_type{});
       }
+      if constexpr (kRowSplit) {
+        // Each row's maximum over the pass's 4 * kSub logits of this lane as a
+        // tree (depth log2, not a chain of dependent fmaxf). Spelled out with
+        // constant indices: a loop of halving width put its array in local memory.
+        static_assert(kSub == 2 || kSub == 4, "row split: 2 or 4 slices per pass");
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float a[kSub];
+#pragma unroll
+          for (int h = 0; h < kSub; ++h)
+            a[h] = fmaxf(fmaxf(sw[h][0][2 * r], sw[h][0][2 * r + 1]),
+                         fmaxf(sw[h][1][2 * r], sw[h][1][2 * r + 1]));
+          if constexpr (kSub == 4) {
+            a[0] = fmaxf(a[0], a[2]);
+            a[1] = fmaxf(a[1], a[3]);
+          }
+          mx[r] = fmaxf(a[0], a[1]);
+        }
+      }
       float alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        alpha[r] = Exp2Ftz(m_run[r] - m_new);
-        m_run[r] = m_new;
-        l_run[r] *= alpha[r];
+      }
+      // The mma row split keeps a row's running maximum until a pass exceeds it
+      // by more than kLazyRescale (log2 units), so that the O rescale (2 * D / 8
+      // multiplies) runs a few times per row instead of in most passes. Exact:
+      // m_run, l_run and O always refer to the same maximum, and the
+      // probabilities stay <= 2^kLazyRescale (fp32 sums, P rounded to 16 bits
+      // with the same relative error).
+      constexpr bool kLazy = kRowSplit && !kWgmma;
+      bool rescale = true;
+      if constexpr (kLazy)
+        rescale = __any_sync(0xffffffffu, mx[0] > m_run[0] + kLazyRescale ||
+                                              mx[1] > m_run[1] + kLazyRescale);  // warp-uniform
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        alpha[r] = 1.0f;
+        if (rescale) {
+          const float m_new = fmaxf(m_run[r], mx[r]);
+          alpha[r] = Exp2Ftz(m_run[r] - m_new);
+          m_run[r] = m_new;
+          l_run[r] *= alpha[r];
+        }
+      }
+      if constexpr (kLazy) {
+        if (rescale) {
+#pragma unroll
+          for (int n = 0; n < C::kNTiles; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+          }
+        }
       }
 #pragma unroll
       for (int h = 0; h < kSub; ++h)
@@ -1096,8 +1170,10 @@ __global__ void __launch_bounds__(
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
       // block size: 146.6 -> 139.6 us; on bf16 it measured neutral, +-1.5%), and
       // so does the row split, whose passes are bound by issue and latency too.
-      if (!(kFp8 || kRowSplit) ||
-          __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform
+      if (kLazy) {
+        // (rescaled above)
+      } else if (!(kFp8 || kRowSplit) ||
+                 __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform
 #pragma unroll
         for (int n = 0; n < C::kNTiles; ++n) {
           o[n][0] *= alpha[0];
@@ -1181,25 +1257,29 @@ __global__ void __launch_bounds__(
           auto pv16 = [&](auto kMasked) {
             constexpr bool kM = decltype(kMasked)::value;
             if constexpr (kRowSplit && kM) value_masks();
+            // Sub-slice-major for the row split: consecutive products accumulate
+            // into different O n-tiles (np-major, each n-tile's kSub products
+            // would be two apart, a chain of dependent mma).
+            constexpr int kPairs = C::kNTiles / 2;
 #pragma unroll
-            for (int np = 0; np < C::kNTiles / 2; ++np)
-#pragma unroll
-              for (int h = 0; h < kSub; ++h) {
-                uint32_t b[4];
-                Ldsm4(b, vbase + v_off_h[h] + np * 32 * BS);
-                if constexpr (kRowSplit) {
-                  UnswapPair(b[0], b[1], v_swap);
-                  UnswapPair(b[2], b[3], v_swap);
-                }
-                if constexpr (kM) {
-                  b[0] &= vm0[h];
-                  b[1] &= vm1[h];
-                  b[2] &= vm0[h];
-                  b[3] &= vm1[h];
-                }
-                Mma16816<TM>(o[2 * np], paw[h], b[0], b[1]);
-                Mma16816<TM>(o[2 * np + 1], paw[h], b[2], b[3]);
+            for (int i = 0; i < kPairs * kSub; ++i) {
+              const int np = kRowSplit ? i % kPairs : i / kSub;
+              const int h = kRowSplit ? i / kPairs : i % kSub;
+              uint32_t b[4];
+              Ldsm4(b, vbase + v_off_h[h] + np * 32 * BS);
+              if constexpr (kRowSplit) {
+                UnswapPair(b[0], b[1], v_swap);
+                UnswapPair(b[2], b[3], v_swap);
               }
+              if constexpr (kM) {
+                b[0] &= vm0[h];
+                b[1] &= vm1[h];
+                b[2] &= vm0[h];
+                b[3] &= vm1[h];
+              }
+              Mma16816<TM>(o[2 * np], paw[h], b[0], b[1]);
+              Mma16816<TM>(o[2 * np + 1], paw[h], b[2], b[3]);
+            }
             if constexpr (C::kNTiles % 2 == 1) {
 #pragma unroll
               for (int h = 0; h < kSub; ++h) {
@@ -1286,7 +1366,20 @@ __global__ void __launch_bounds__(
       FenceProxyAsyncShared();
       WgmmaWaitAll();
     }
-    __syncthreads();  // every warp is done with this stage: refill it
+    // Every warp done with this stage: refill it. Each warp arrives on the
+    // stage's "empty" barrier and goes on; only the producer (warp 0) waits there
+    // before the refill, so the other warps may run ahead to stages already full
+    // instead of meeting at a CTA barrier every tile (where the slowest warp of
+    // each tile set the pace: 13% of the row split's stall samples, H200,
+    // fourteenth session). The wgmma form keeps the barrier (its warpgroup
+    // re-lays V in place between the products).
+    if constexpr (kWgmma || kSyncStages) {
+      __syncthreads();
+    } else {
+      __syncwarp();  // the warp's reads of the stage, before lane 0's arrival (release)
+      if (lane == 0) MbarArrive(empty_bar0 + 8 * stage);
+      if (warp == 0 && k + kStages < ntiles) MbarWait(empty_bar0 + 8 * stage, phase);
+    }
     if (warp == 0 && k + kStages < ntiles) {
       issue(k + kStages, stage, next_entry);
       next_entry = (k + kStages + 1 < ntiles) ? load_entry(k + kStages + 1) : -1;
@@ -1480,18 +1573,19 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
   return cudaSuccess;
 }
 
-// One kernel variant for the call's block size: fp8 caches have one
-// instantiation per block size (their loop is bound by instruction issue;
-// constant shared-memory offsets saved ~10% of its instructions), the others
-// read it at run time.
+// One kernel variant for the call's block size: fp8 caches and the row split
+// have one instantiation per block size (their loops are bound by instruction
+// issue; constant shared-memory offsets saved ~10% of fp8's instructions, and
+// the row split's ldmatrix addresses fold into immediates), the others read it
+// at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
-  if constexpr (C::kFp8) {
+  if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
-      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap>();
-      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap>();
-      default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap>();
+      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks>();
+      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks>();
+      default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks>();
     }
   } else {
     return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks>();

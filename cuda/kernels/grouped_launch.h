@@ -108,18 +108,21 @@ struct GroupedConfig {
   // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs
   // per SM at D=64 made 512 CTAs 1.29 waves: 78%.)
   // The row split's stages fill what its CTAs-per-SM target leaves beside its
-  // larger query buffer (1 KB per CTA reserved, 64 bytes of masks and barriers):
+  // larger query buffer (1 KB per CTA reserved, 128 bytes of masks and barriers):
   // three 32 KB stages at two CTAs per SM for D = 128 even with 64 rows.
   static constexpr int kTargetCtasPerSm = kStageBytes <= 16 * 1024 ? 4 : 2;
   static constexpr int kStageBudget =
-      kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQBytes - kMlBytes - 64
+      kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQBytes - kMlBytes - 128
                 : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
   static constexpr int kStages = ClampInt(kStageBudget / kStageBytes, 2, 6);
   static constexpr int kQOff = kStages * kStageBytes;
   static constexpr int kMlOff = kQOff + kQBytes;  // [kMergeSlices][kRows][2] float (max, sum)
   static constexpr int kMaskOff = kMlOff + kMlBytes;  // [kStages] uint32 page-valid bits
-  static constexpr int kBarOff = RoundUp(kMaskOff + kStages * 4, 8);  // [kStages] mbarrier
-  static constexpr int kSmemBytes = kBarOff + kStages * 8;
+  // [kStages] mbarriers "stage full" (the bulk copies' bytes arrived), then
+  // [kStages] "stage empty" (every warp done reading it: it may be refilled).
+  static constexpr int kBarOff = RoundUp(kMaskOff + kStages * 4, 8);
+  static constexpr int kEmptyBarOff = kBarOff + kStages * 8;
+  static constexpr int kSmemBytes = kEmptyBarOff + kStages * 8;
   // The final cross-slice combine reuses the stage buffers:
   // [kMergeSlices][kRows][kObufStride] float. Rows of D floats would put the
   // eight rows of a warp's float2 stores in the same banks when D % 32 == 0

@@ -15,7 +15,9 @@
 // completing on the stage's mbarrier. Invalid pages (id outside [0,
 // num_blocks)) and pages past the partition's end are never copied; a
 // per-stage bit mask says which pages arrived. Block-table entries are
-// prefetched one tile ahead.
+// prefetched one tile ahead. A stage is refilled once every warp has arrived
+// on its second ("empty") mbarrier; only warp 0 waits there, the others go
+// on to stages already full (no CTA barrier per tile).
 //
 // Compute, per tile: warp w takes a 16-token slice (two warps per slice when
 // D >= 192 with 16-bit caches, each doing half of the P.V dims). Rows are
@@ -34,7 +36,10 @@
 // registers and computes all its slices of a tile in one pass (independent
 // accumulator chains; one max shuffle and O rescale per tile); V's ldmatrix rows
 // are swizzled against bank conflicts; a pass wholly inside every row's range
-// skips the per-token tests; each page is copied once per 32 or 64 rows.
+// skips the per-token tests, and a wholly valid tile skips the per-token mask;
+// a row's running maximum is raised only when a pass exceeds it by more than
+// 2^8 (lazy rescale, exact); one kernel per block size; each page is copied
+// once per 32 or 64 rows.
 // An experimental form of the 64-row CTAs (kWgmma, off unless JAX_PAGED_WGMMA=1,
 // sm_90a only) computes Q.K and P.V as warpgroup products (wgmma.cuh) reading
 // K and V from the stages in place (V's 16- and 32-token pages swizzled in

@@ -1135,6 +1135,15 @@ __global__ void __launch_bounds__(
       // probabilities stay <= 2^kLazyRescale (fp32 sums, P rounded to 16 bits
       // with the same relative error).
       constexpr bool kLazy = kRowSplit && !kWgmma;
+      auto rescale_o = [&] {
+#pragma unroll
+        for (int n = 0; n < C::kNTiles; ++n) {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
+        }
+      };
       bool rescale = true;
       if constexpr (kLazy)
         rescale = __any_sync(0xffffffffu, mx[0] > m_run[0] + kLazyRescale ||
@@ -1150,15 +1159,7 @@ __global__ void __launch_bounds__(
         }
       }
       if constexpr (kLazy) {
-        if (rescale) {
-#pragma unroll
-          for (int n = 0; n < C::kNTiles; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-          }
-        }
+        if (rescale) rescale_o();
       }
 #pragma unroll
       for (int h = 0; h < kSub; ++h)
@@ -1175,17 +1176,10 @@ __global__ void __launch_bounds__(
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
       // block size: 146.6 -> 139.6 us; on bf16 it measured neutral, +-1.5%), and
       // so does the row split, whose passes are bound by issue and latency too.
-      if (kLazy) {
-        // (rescaled above)
-      } else if (!(kFp8 || kRowSplit) ||
-                 __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // warp-uniform
-#pragma unroll
-        for (int n = 0; n < C::kNTiles; ++n) {
-          o[n][0] *= alpha[0];
-          o[n][1] *= alpha[0];
-          o[n][2] *= alpha[1];
-          o[n][3] *= alpha[1];
-        }
+      if constexpr (!kLazy) {
+        if (!(kFp8 || kRowSplit) ||
+            __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))  // warp-uniform
+          rescale_o();
       }
 
       // O += P V. Tokens without data (smask) have their V zeroed in registers:

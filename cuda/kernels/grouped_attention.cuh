@@ -313,6 +313,11 @@ constexpr bool kSyncStages = true;  // stages released by a __syncthreads per ti
 #else
 constexpr bool kSyncStages = false;
 #endif
+#ifdef JAX_PAGED_ROW_SPLIT_PIPELINE_QK
+constexpr bool kPipelineQk = true;  // the mma.sync row split issues tile k + 1's Q.K early
+#else
+constexpr bool kPipelineQk = false;
+#endif
 
 // ---- the kernel -----------------------------------------------------------------
 // grid (num_kv_heads * group_chunks, num_seqs chunk, max_num_partitions),
@@ -893,9 +898,30 @@ __global__ void __launch_bounds__(
   // s_next; v_to_mma_layout then re-lays its V for P.V. The kernel issues
   // tile k + 1's products before tile k's softmax, so that the tensor cores
   // compute them while the CUDA cores work (S double-buffered: sw, s_next).
-  float s_next[kWgmma ? kSub : 1][2][4];
-  auto issue_qk = [&](int st, float (&dst)[kWgmma ? kSub : 1][2][4]) {
-    if constexpr (kWgmma) {
+  // kPipe (development switch JAX_PAGED_ROW_SPLIT_PIPELINE_QK, head sizes 80-128
+  // with D % 16 == 0; head 64's 128 registers spill with it): the mma.sync row
+  // split in the same order, its warps otherwise running each tile as a serial
+  // Q.K -> softmax -> P.V chain.
+  constexpr bool kPipe = kRowSplit && !kWgmma && kPipelineQk && D % 16 == 0 && D > 64;
+  constexpr bool kEarlyQk = kWgmma || kPipe;
+  float s_next[kEarlyQk ? kSub : 1][2][4];
+  auto issue_qk = [&](int st, float (&dst)[kEarlyQk ? kSub : 1][2][4]) {
+    if constexpr (kPipe) {
+      const uint32_t kb = stages_addr + static_cast<uint32_t>(st) * C::kStageBytes;
+#pragma unroll
+      for (int h = 0; h < kSub; ++h)
+#pragma unroll
+        for (int n = 0; n < 8; ++n) dst[h][n >> 2][n & 3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+        for (int h = 0; h < kSub; ++h) {
+          uint32_t b[4];
+          Ldsm4(b, kb + k_off_h[h] + ks * 32 * BS);
+          Mma16816<TM>(dst[h][0], qa[ks], b[0], b[1]);
+          Mma16816<TM>(dst[h][1], qa[ks], b[2], b[3]);
+        }
+    } else if constexpr (kWgmma) {
       const uint32_t kb = stages_addr + static_cast<uint32_t>(st) * C::kStageBytes;
       WgmmaFence();  // (dst was read by ordinary instructions)
 #pragma unroll
@@ -920,7 +946,12 @@ __global__ void __launch_bounds__(
 
   int stage = 0;
   uint32_t phase = 0;
-  Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
+  Mask next_mask = 0u;  // kEarlyQk: tile k's mask, from iteration k - 1 (or the prologue)
+  if constexpr (kPipe) {
+    MbarWait(bar0, 0u);
+    next_mask = tile_mask(0, 0);
+    if (next_mask != 0u && rows > rb * kMaxRows) issue_qk(0, s_next);
+  }
   if constexpr (kWgmma) {
     MbarWait(bar0, 0u);
     next_mask = tile_mask(0, 0);
@@ -934,7 +965,7 @@ __global__ void __launch_bounds__(
   }
   for (int k = 0; k < ntiles; ++k) {
     Mask smask;
-    if constexpr (kWgmma) {
+    if constexpr (kEarlyQk) {
       smask = next_mask;
     } else {
       MbarWait(bar0 + 8 * stage, phase);
@@ -947,7 +978,7 @@ __global__ void __launch_bounds__(
     const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
     // wgmma: tile k + 1 (waited for here), its Q.K issued before tile k's softmax.
     const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
-    if constexpr (kWgmma) {
+    if constexpr (kEarlyQk) {
       next_mask = 0u;
       if (k + 1 < ntiles) {
         MbarWait(bar0 + 8 * next_stage, next_stage == 0 ? phase ^ 1u : phase);
@@ -965,7 +996,7 @@ __global__ void __launch_bounds__(
       // S fragments: sw[h][nt][e] = q[row gid + 8 (e >> 1)] . k[token 16 h +
       // token_of(nt, e)] (h: sub-slice; only fp8 caches have more than one).
       float sw[kSub][2][4];
-      if constexpr (!kWgmma) {  // (wgmma's first product overwrites)
+      if constexpr (!kEarlyQk) {  // (computed into s_next, see issue_qk)
 #pragma unroll
         for (int h = 0; h < kSub; ++h)
 #pragma unroll
@@ -973,7 +1004,7 @@ __global__ void __launch_bounds__(
             sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
       }
       auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
-      if constexpr (kWgmma) {
+      if constexpr (kEarlyQk) {
         // S of tile k (computed during tile k - 1's softmax), then tile k + 1's.
 #pragma unroll
         for (int h = 0; h < kSub; ++h)
@@ -1357,6 +1388,9 @@ __global__ void __launch_bounds__(
       }
     }
 
+    if constexpr (kPipe) {  // tile k + 1's Q.K, if not issued above
+      if (smask == 0u && next_mask != 0u && rows > rb * kMaxRows) issue_qk(next_stage, s_next);
+    }
     if constexpr (kWgmma) {
       // Tile k + 1's Q.K (if not issued above: tile k had nothing to compute) and
       // V; then every product in flight done (this stage's P.V before its refill).

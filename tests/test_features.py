@@ -987,8 +987,9 @@ def test_gpu_row_split_lazy_rescale_growing_maxima(block_size, slope_scale):
     inp = make_inputs(rng, lens, 32, 8, 128, block_size, jnp.bfloat16, q_len=16)
     slopes = (slope_scale * rng.uniform(0.5, 1.0, size=32)).astype(np.float32)
     compare("gpu", inp, "grouped", alibi_slopes=slopes, return_lse=True)
-    # Keys growing with the token's position (no ALiBi: the all-valid passes).
-    key = np.asarray(inp.key_cache, np.float32)  # [num_blocks, Hkv, D/x, bs, x]
+    # Positive queries and keys growing with the token's position (no ALiBi: the
+    # all-valid passes); NaN slots stay NaN.
+    key = np.abs(np.asarray(inp.key_cache, np.float32))  # [num_blocks, Hkv, D/x, bs, x]
     pos = np.zeros(key.shape[0], np.float32)
     for s, n in enumerate(lens):
         for j, b in enumerate(np.asarray(inp.block_tables[s][: -(-n // block_size)])):
@@ -997,7 +998,6 @@ def test_gpu_row_split_lazy_rescale_growing_maxima(block_size, slope_scale):
                                        np.arange(block_size)[None, None, None, :, None]) / 1024
     inp.key_cache = (key * ramp).astype(inp.key_cache.dtype)
     inp.query = np.abs(np.asarray(inp.query, np.float32)).astype(inp.query.dtype)
-    inp.key_cache = np.abs(np.asarray(inp.key_cache, np.float32)).astype(inp.key_cache.dtype)
     compare("gpu", inp, "grouped", return_lse=True)
 
 

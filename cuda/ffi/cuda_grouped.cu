@@ -180,9 +180,6 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_CTA_SYNC_STAGES
          "CTA_SYNC_STAGES "
 #endif
-#ifdef JAX_PAGED_ROW_SPLIT_PIPELINE_QK
-         "ROW_SPLIT_PIPELINE_QK "
-#endif
       ;
 }
 

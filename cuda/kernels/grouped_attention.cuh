@@ -76,8 +76,8 @@ namespace cuda {
 namespace grouped {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLazyRescale = 8.0f;  // the row split's lazy rescale threshold (log2 units)
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLazyRescale = 8.0f;  // the row split's lazy rescale threshold (log2 units)
 
 // ---- PTX wrappers ------------------------------------------------------------
 // sm_90 instructions (bulk copies, mbarrier tx counts); the kernel body is
@@ -312,11 +312,6 @@ __device__ __forceinline__ unsigned SmId() {
 constexpr bool kSyncStages = true;  // stages released by a __syncthreads per tile
 #else
 constexpr bool kSyncStages = false;
-#endif
-#ifdef JAX_PAGED_ROW_SPLIT_PIPELINE_QK
-constexpr bool kPipelineQk = true;  // the mma.sync row split issues tile k + 1's Q.K early
-#else
-constexpr bool kPipelineQk = false;
 #endif
 
 // ---- the kernel -----------------------------------------------------------------
@@ -898,30 +893,9 @@ __global__ void __launch_bounds__(
   // s_next; v_to_mma_layout then re-lays its V for P.V. The kernel issues
   // tile k + 1's products before tile k's softmax, so that the tensor cores
   // compute them while the CUDA cores work (S double-buffered: sw, s_next).
-  // kPipe (development switch JAX_PAGED_ROW_SPLIT_PIPELINE_QK, head sizes 80-128
-  // with D % 16 == 0; head 64's 128 registers spill with it): the mma.sync row
-  // split in the same order, its warps otherwise running each tile as a serial
-  // Q.K -> softmax -> P.V chain.
-  constexpr bool kPipe = kRowSplit && !kWgmma && kPipelineQk && D % 16 == 0 && D > 64;
-  constexpr bool kEarlyQk = kWgmma || kPipe;
-  float s_next[kEarlyQk ? kSub : 1][2][4];
-  auto issue_qk = [&](int st, float (&dst)[kEarlyQk ? kSub : 1][2][4]) {
-    if constexpr (kPipe) {
-      const uint32_t kb = stages_addr + static_cast<uint32_t>(st) * C::kStageBytes;
-#pragma unroll
-      for (int h = 0; h < kSub; ++h)
-#pragma unroll
-        for (int n = 0; n < 8; ++n) dst[h][n >> 2][n & 3] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-        for (int h = 0; h < kSub; ++h) {
-          uint32_t b[4];
-          Ldsm4(b, kb + k_off_h[h] + ks * 32 * BS);
-          Mma16816<TM>(dst[h][0], qa[ks], b[0], b[1]);
-          Mma16816<TM>(dst[h][1], qa[ks], b[2], b[3]);
-        }
-    } else if constexpr (kWgmma) {
+  float s_next[kWgmma ? kSub : 1][2][4];
+  auto issue_qk = [&](int st, float (&dst)[kWgmma ? kSub : 1][2][4]) {
+    if constexpr (kWgmma) {
       const uint32_t kb = stages_addr + static_cast<uint32_t>(st) * C::kStageBytes;
       WgmmaFence();  // (dst was read by ordinary instructions)
 #pragma unroll
@@ -946,12 +920,7 @@ __global__ void __launch_bounds__(
 
   int stage = 0;
   uint32_t phase = 0;
-  Mask next_mask = 0u;  // kEarlyQk: tile k's mask, from iteration k - 1 (or the prologue)
-  if constexpr (kPipe) {
-    MbarWait(bar0, 0u);
-    next_mask = tile_mask(0, 0);
-    if (next_mask != 0u && rows > rb * kMaxRows) issue_qk(0, s_next);
-  }
+  Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
   if constexpr (kWgmma) {
     MbarWait(bar0, 0u);
     next_mask = tile_mask(0, 0);
@@ -965,7 +934,7 @@ __global__ void __launch_bounds__(
   }
   for (int k = 0; k < ntiles; ++k) {
     Mask smask;
-    if constexpr (kEarlyQk) {
+    if constexpr (kWgmma) {
       smask = next_mask;
     } else {
       MbarWait(bar0 + 8 * stage, phase);
@@ -978,7 +947,7 @@ __global__ void __launch_bounds__(
     const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
     // wgmma: tile k + 1 (waited for here), its Q.K issued before tile k's softmax.
     const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
-    if constexpr (kEarlyQk) {
+    if constexpr (kWgmma) {
       next_mask = 0u;
       if (k + 1 < ntiles) {
         MbarWait(bar0 + 8 * next_stage, next_stage == 0 ? phase ^ 1u : phase);
@@ -996,7 +965,7 @@ __global__ void __launch_bounds__(
       // S fragments: sw[h][nt][e] = q[row gid + 8 (e >> 1)] . k[token 16 h +
       // token_of(nt, e)] (h: sub-slice; only fp8 caches have more than one).
       float sw[kSub][2][4];
-      if constexpr (!kEarlyQk) {  // (computed into s_next, see issue_qk)
+      if constexpr (!kWgmma) {  // (wgmma's first product overwrites)
 #pragma unroll
         for (int h = 0; h < kSub; ++h)
 #pragma unroll
@@ -1004,7 +973,7 @@ __global__ void __launch_bounds__(
             sw[h][nt][0] = sw[h][nt][1] = sw[h][nt][2] = sw[h][nt][3] = 0.0f;
       }
       auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
-      if constexpr (kEarlyQk) {
+      if constexpr (kWgmma) {
         // S of tile k (computed during tile k - 1's softmax), then tile k + 1's.
 #pragma unroll
         for (int h = 0; h < kSub; ++h)
@@ -1206,7 +1175,7 @@ __global__ void __launch_bounds__(
       // fp8 path, bound by instruction issue, skips the multiplies when no
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
       // block size: 146.6 -> 139.6 us; on bf16 it measured neutral, +-1.5%), and
-      // so does the row split, whose passes are bound by issue and latency too.
+      // so does the wgmma row split (the mma.sync one rescales lazily, above).
       if constexpr (!kLazy) {
         if (!(kFp8 || kRowSplit) ||
             __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))  // warp-uniform
@@ -1388,9 +1357,6 @@ __global__ void __launch_bounds__(
       }
     }
 
-    if constexpr (kPipe) {  // tile k + 1's Q.K, if not issued above
-      if (smask == 0u && next_mask != 0u && rows > rb * kMaxRows) issue_qk(next_stage, s_next);
-    }
     if constexpr (kWgmma) {
       // Tile k + 1's Q.K (if not issued above: tile k had nothing to compute) and
       // V; then every product in flight done (this stage's P.V before its refill).
@@ -1406,14 +1372,15 @@ __global__ void __launch_bounds__(
     // each tile set the pace: 13% of the row split's stall samples, H200,
     // fourteenth session). The wgmma form keeps the barrier (its warpgroup
     // re-lays V in place between the products).
-    if constexpr (kWgmma || kSyncStages) {
+    constexpr bool kCtaBarrier = kWgmma || kSyncStages;
+    if constexpr (kCtaBarrier) {
       __syncthreads();
     } else {
       __syncwarp();  // the warp's reads of the stage, before lane 0's arrival (release)
       if (lane == 0) MbarArrive(empty_bar0 + 8 * stage);
-      if (warp == 0 && k + kStages < ntiles) MbarWait(empty_bar0 + 8 * stage, phase);
     }
     if (warp == 0 && k + kStages < ntiles) {
+      if constexpr (!kCtaBarrier) MbarWait(empty_bar0 + 8 * stage, phase);
       issue(k + kStages, stage, next_entry);
       next_entry = (k + kStages + 1 < ntiles) ? load_entry(k + kStages + 1) : -1;
     }

@@ -180,6 +180,9 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_CTA_SYNC_STAGES
          "CTA_SYNC_STAGES "
 #endif
+#ifdef JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM
+         "ROW_SPLIT_Q_OWN_SMEM "
+#endif
       ;
 }
 

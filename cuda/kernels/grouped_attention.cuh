@@ -10,14 +10,17 @@
 // Memory pipeline: the partition's pages stream through kStages shared-memory
 // stages of kTile tokens (32, 64, or 128 with wide fp8 slices). Per (page, KV
 // head) the cache layout puts K ([D/x][BS][x]) and V ([D][BS]) in two
-// contiguous runs of D * BS elements, so lane i of warp 0 copies page i of a
+// contiguous runs of D * BS elements, so lane i of one warp copies page i of a
 // tile with two bulk copies (cp.async.bulk, plain sm_90; no tensor map)
 // completing on the stage's mbarrier. Invalid pages (id outside [0,
 // num_blocks)) and pages past the partition's end are never copied; a
-// per-stage bit mask says which pages arrived. Block-table entries are
-// prefetched one tile ahead. A stage is refilled once every warp has arrived
-// on its second ("empty") mbarrier; only warp 0 waits there, the others go
-// on to stages already full (no CTA barrier per tile).
+// per-stage bit mask says which pages arrived. In the decode kernels each warp
+// releases a stage it is done with by counting itself in a shared counter and
+// goes on; the warp that completes the count refills the stage (its lanes
+// issue the copies of the tile kStages on), so no warp waits for another. (The
+// row split instead meets at a CTA barrier per tile, after which warp 0
+// refills.) The table entries of each refill are loaded one refill ahead into
+// shared memory.
 //
 // Compute, per tile: warp w takes a 16-token slice (two warps per slice when
 // D >= 192 with 16-bit caches, each doing half of the P.V dims). Rows are
@@ -120,6 +123,11 @@ __device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   while (!MbarTryWait(bar, parity)) {
   }
+}
+// Orders this thread's earlier shared-memory accesses before later async-proxy
+// (bulk copy) accesses that a barrier orders after them.
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // Global -> shared bulk copy of `bytes` (multiple of 16, both ends 16-byte
 // aligned), completing on the mbarrier's transaction count.
@@ -461,19 +469,21 @@ __global__ void __launch_bounds__(
   uint32_t* mask_s = reinterpret_cast<uint32_t*>(smem + C::kMaskOff);
   const uint32_t stages_addr = SmemAddr(smem);
   const uint32_t bar0 = SmemAddr(smem + C::kBarOff);
-  const uint32_t empty_bar0 = SmemAddr(smem + C::kEmptyBarOff);
+  uint32_t* release_count_s = reinterpret_cast<uint32_t*>(smem + C::kCountOff);
+  int32_t* refill_table_s = reinterpret_cast<int32_t*>(smem + C::kTableOff);
 
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       MbarInit(bar0 + 8 * s, 1);
-      MbarInit(empty_bar0 + 8 * s, kWarps);  // one arrival per warp
+      release_count_s[s] = 0u;
     }
     FenceMbarInit();
   }
   __syncthreads();
 
-  // ---- producer (warp 0, lane i < ppt copies page i of a tile) ---------------
+  // ---- producer (warp 0 for the first stages, then the warp that releases a
+  // stage last; lane i < ppt copies page i of a tile) ---------------------------
   const int page_elems = D * BS;
   const uint32_t page_bytes = static_cast<uint32_t>(page_elems * sizeof(TC));
   const int64_t kv_block_stride = static_cast<int64_t>(p.num_kv_heads) * page_elems;
@@ -485,7 +495,7 @@ __global__ void __launch_bounds__(
     const int blk = start_blk + tile * ppt + lane;
     return (lane < ppt && blk < end_blk) ? table[blk] : -1;
   };
-  // All 32 lanes of warp 0 call it (ballot).
+  // All 32 lanes of the refilling warp call it (ballot).
   auto issue = [&](int tile, int stage, int32_t entry) {
     const int blk = start_blk + tile * ppt + lane;
     const int64_t phys = entry;
@@ -506,7 +516,15 @@ __global__ void __launch_bounds__(
     }
   };
 
-  int32_t next_entry = -1;  // warp 0: table entry for tile kStages, then the next
+  // The table entries of each stage's next refill (tile k + kStages for the stage
+  // holding tile k) wait in refill_table_s. A warp that refills a stage loads the
+  // entries of that stage's refill after it into `pending_entry` and stores them
+  // at its next release, when the load has long returned (a store right after
+  // the load would stall the warp on it); that release comes before every warp
+  // has released the refilled tile, so before the stage's next refill reads them.
+  int32_t pending_entry = -1;
+  int pending_stage = -1;  // warp-uniform; -1: nothing pending
+  int32_t last_first_entry = -1;  // warp 0, C::kQInStage: the last stage's first entry
   if (warp == 0) {
     if (start_blk64 != part_blk64) {  // a sliding window moved the first block
 #pragma unroll
@@ -514,9 +532,14 @@ __global__ void __launch_bounds__(
     }
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
-      if (i < ntiles) issue(i, i, first_entries[i]);
+      // (The row split stages its query rows in the last stage: that one's
+      // copies wait until the rows are in registers, below.)
+      if (i < ntiles && !(C::kQInStage && i == kStages - 1)) issue(i, i, first_entries[i]);
     }
-    if (kStages < ntiles) next_entry = load_entry(kStages);
+    if constexpr (C::kQInStage) last_first_entry = first_entries[kStages - 1];
+#pragma unroll
+    for (int i = 0; i < kStages; ++i)  // the second refills, stored after the query staging
+      first_entries[i] = kStages + i < ntiles ? load_entry(kStages + i) : -1;
   }
   AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
@@ -579,6 +602,10 @@ __global__ void __launch_bounds__(
                                             c * C::kQX);
       *reinterpret_cast<uint4*>(q_s + r * C::kQStride + c * C::kQX) = v;
     }
+  }
+  if (warp == 0 && lane < C::kMaxTilePages) {
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) refill_table_s[i * C::kMaxTilePages + lane] = first_entries[i];
   }
   __syncthreads();
 
@@ -773,6 +800,14 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) Ldsm4(qa[ks], q_addr + ks * 32);
     if constexpr (D % 16 == 8) Ldsm2(qa_tail, q_addr + (D / 16) * 32);
+  }
+  if constexpr (C::kQInStage) {
+    // The query rows were staged in the last stage: once every warp has them in
+    // registers, that stage's first copies (the async proxy's writes after
+    // these reads).
+    FenceProxyAsync();
+    __syncthreads();
+    if (warp == 0 && kStages - 1 < ntiles) issue(kStages - 1, kStages - 1, last_first_entry);
   }
 
   // wgmma (64-row CTAs, kWgmma): the pages as the tensor cores' B operands, read
@@ -1365,24 +1400,47 @@ __global__ void __launch_bounds__(
       FenceProxyAsyncShared();
       WgmmaWaitAll();
     }
-    // Every warp done with this stage: refill it. Each warp arrives on the
-    // stage's "empty" barrier and goes on; only the producer (warp 0) waits there
-    // before the refill, so the other warps may run ahead to stages already full
-    // instead of meeting at a CTA barrier every tile (where the slowest warp of
-    // each tile set the pace: 13% of the row split's stall samples, H200,
-    // fourteenth session). The wgmma form keeps the barrier (its warpgroup
+    // Every warp done with this stage: the decode kernels' last warp to release
+    // it refills it at once, and nobody waits (a warp 0 that waited there for the
+    // others, as the producer, was tied to the slowest warp). The row split keeps
+    // a CTA barrier per tile, warp 0 refilling: though 13% of its stall samples
+    // were that barrier's, it measured 2-3% faster at q_len 16 than either
+    // barrier-free release (H200, fifteenth session; its 64 rows' warps then run
+    // their products and softmax in step). So does the wgmma form (its warpgroup
     // re-lays V in place between the products).
-    constexpr bool kCtaBarrier = kWgmma || kSyncStages;
+    constexpr bool kCtaBarrier = kWgmma || kSyncStages || kRowSplit;
+    if (pending_stage >= 0) {  // the table entries of this warp's last refill
+      if (lane < C::kMaxTilePages)
+        refill_table_s[pending_stage * C::kMaxTilePages + lane] = pending_entry;
+      pending_stage = -1;
+    }
+    bool refill;
     if constexpr (kCtaBarrier) {
       __syncthreads();
+      refill = warp == 0;
     } else {
-      __syncwarp();  // the warp's reads of the stage, before lane 0's arrival (release)
-      if (lane == 0) MbarArrive(empty_bar0 + 8 * stage);
+      // The warp's reads of the stage and its table stores, then lane 0's release
+      // (fence + count); the last warp's acquire (count + fence) orders them
+      // before its refill and its reads of the table.
+      __syncwarp();
+      uint32_t released = 0u;
+      if (lane == 0) {
+        __threadfence_block();
+        released = atomicAdd(release_count_s + stage, 1u) + 1u;
+      }
+      refill = __shfl_sync(0xffffffffu, released, 0) == static_cast<uint32_t>(kWarps);
+      if (refill) {
+        __threadfence_block();
+        if (lane == 0) release_count_s[stage] = 0u;  // before the refill's arrival (release)
+      }
     }
-    if (warp == 0 && k + kStages < ntiles) {
-      if constexpr (!kCtaBarrier) MbarWait(empty_bar0 + 8 * stage, phase);
-      issue(k + kStages, stage, next_entry);
-      next_entry = (k + kStages + 1 < ntiles) ? load_entry(k + kStages + 1) : -1;
+    if (refill && k + kStages < ntiles) {
+      issue(k + kStages, stage,
+            lane < C::kMaxTilePages ? refill_table_s[stage * C::kMaxTilePages + lane] : -1);
+      if (k + 2 * kStages < ntiles) {
+        pending_entry = load_entry(k + 2 * kStages);
+        pending_stage = stage;
+      }
     }
     if (++stage == kStages) {
       stage = 0;

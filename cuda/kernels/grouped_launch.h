@@ -98,6 +98,17 @@ struct GroupedConfig {
   static constexpr int kQStride =
       kRowSplit ? D : (kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4);  // elements
   static constexpr int kQBytes = RoundUp(kRows * kQStride * QELEM, 16);
+  // The row split reads its query rows once (into registers) before the last
+  // stage's first copy is issued, so they are staged in that stage, not in a
+  // buffer of their own: at two or four CTAs per SM that leaves room for one more
+  // stage at some head sizes (D = 64 with 64 rows: 3 stages instead of 2; D = 112:
+  // 4 instead of 3). JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM (development) keeps the buffer.
+#ifdef JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM
+  static constexpr bool kQInStage = false;
+#else
+  static constexpr bool kQInStage = kRowSplit;
+#endif
+  static constexpr int kQOwnBytes = kQInStage ? 0 : kQBytes;  // the buffer of its own
   static constexpr int kMlBytes = kMergeSlices * kRows * 2 * 4;
   // Target of CTAs resident per SM on Hopper (228 KB of shared memory): four
   // when a stage is at most 16 KB (head size 64 at 16 bits, fp8 caches up to
@@ -108,28 +119,34 @@ struct GroupedConfig {
   // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs
   // per SM at D=64 made 512 CTAs 1.29 waves: 78%.)
   // The row split's stages fill what its CTAs-per-SM target leaves beside its
-  // larger query buffer (1 KB per CTA reserved, 128 bytes of masks and barriers):
+  // larger query buffer (1 KB per CTA reserved, 512 bytes of masks, barriers,
+  // release counters and table entries):
   // three 32 KB stages at two CTAs per SM for D = 128 even with 64 rows.
   static constexpr int kTargetCtasPerSm = kStageBytes <= 16 * 1024 ? 4 : 2;
   static constexpr int kStageBudget =
-      kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQBytes - kMlBytes - 128
+      kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
                 : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
   static constexpr int kStages = ClampInt(kStageBudget / kStageBytes, 2, 6);
-  static constexpr int kQOff = kStages * kStageBytes;
-  static constexpr int kMlOff = kQOff + kQBytes;  // [kMergeSlices][kRows][2] float (max, sum)
+  static constexpr int kQOff = (kQInStage ? kStages - 1 : kStages) * kStageBytes;
+  static_assert(!kQInStage || kQBytes <= kStageBytes, "query rows in a stage");
+  static constexpr int kMlOff = kStages * kStageBytes + kQOwnBytes;  // [kMergeSlices][kRows][2] float (max, sum)
   static constexpr int kMaskOff = kMlOff + kMlBytes;  // [kStages] uint32 page-valid bits
-  // [kStages] mbarriers "stage full" (the bulk copies' bytes arrived), then
-  // [kStages] "stage empty" (every warp done reading it: it may be refilled).
+  // [kStages] mbarriers "stage full" (the bulk copies' bytes arrived); then
+  // [kStages] uint32 release counters (warps done reading the stage: the warp
+  // that makes it kWarps refills the stage); then [kStages][kMaxTilePages] int32,
+  // the block-table entries of each stage's next refill.
+  static constexpr int kMaxTilePages = kTile / kMinBlockSize;
   static constexpr int kBarOff = RoundUp(kMaskOff + kStages * 4, 8);
-  static constexpr int kEmptyBarOff = kBarOff + kStages * 8;
-  static constexpr int kSmemBytes = kEmptyBarOff + kStages * 8;
+  static constexpr int kCountOff = kBarOff + kStages * 8;
+  static constexpr int kTableOff = kCountOff + kStages * 4;
+  static constexpr int kSmemBytes = kTableOff + kStages * kMaxTilePages * 4;
   // The final cross-slice combine reuses the stage buffers:
   // [kMergeSlices][kRows][kObufStride] float. Rows of D floats would put the
   // eight rows of a warp's float2 stores in the same banks when D % 32 == 0
   // (an 8-way conflict); D + 8 spreads them over all 32 banks (measured on
   // the H200: B=1 L=32768 0.6 us, B=8 L=8192 1.5 us faster, see BENCHMARKS.md).
   static constexpr int kObufStride = D + 8;
-  static_assert(kMergeSlices * kRows * kObufStride * 4 <= kStages * kStageBytes, "combine buffer");
+  static_assert(kMergeSlices * kRows * kObufStride * 4 <= kQOff, "combine buffer (beside the query's)");
   // Resident CTAs per SM (1 KB of shared memory reserved per CTA): the
   // kernel's minimum-blocks bound, and what the Python partition rule
   // sizes its split with (grouped_ctas_per_sm).

@@ -155,6 +155,18 @@ struct GroupedConfig {
   static_assert(!kRowSplit || kCtasPerSm == kTargetCtasPerSm, "row split: stage budget");
 };
 
+// The stage counts the shared-memory budget above gives, as BENCHMARKS.md states
+// them (fifteenth session): a change of the budget that drops a stage fails here.
+#ifndef JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM
+static_assert(GroupedConfig<2, 2, 64, 4>::kStages == 3 && GroupedConfig<2, 2, 64, 4>::kCtasPerSm == 4 &&
+                  GroupedConfig<2, 2, 112, 4>::kStages == 4 &&
+                  GroupedConfig<2, 2, 128, 4>::kStages == 3 && GroupedConfig<2, 2, 128, 4>::kCtasPerSm == 2,
+              "row split: query rows in the last stage");
+#endif
+static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>::kCtasPerSm == 2 &&
+                  GroupedConfig<2, 2, 64>::kCtasPerSm == 4 && GroupedConfig<2, 1, 128>::kCtasPerSm == 4,
+              "decode kernels: stages and CTAs per SM");
+
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
 // sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128.
 constexpr bool RowSplitAvailable(int qelem, int celem, int d) {

@@ -106,9 +106,6 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes)
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   asm volatile(
@@ -124,9 +121,9 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   while (!MbarTryWait(bar, parity)) {
   }
 }
-// Orders this thread's earlier shared-memory accesses before later async-proxy
-// (bulk copy) accesses that a barrier orders after them.
-__device__ __forceinline__ void FenceProxyAsync() {
+// Orders this thread's ordinary shared-memory accesses before the async proxy's
+// (bulk copies, wgmma's operand reads) that a barrier orders after them.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // Global -> shared bulk copy of `bytes` (multiple of 16, both ends 16-byte
@@ -805,7 +802,7 @@ __global__ void __launch_bounds__(
     // The query rows were staged in the last stage: once every warp has them in
     // registers, that stage's first copies (the async proxy's writes after
     // these reads).
-    FenceProxyAsync();
+    FenceProxyAsyncShared();
     __syncthreads();
     if (warp == 0 && kStages - 1 < ntiles) issue(kStages - 1, kStages - 1, last_first_entry);
   }
@@ -1612,18 +1609,7 @@ inline bool WgmmaEnabled(int device) {
 // Defined only in the sm_90a translation units (cuda/ffi/wgmma_grouped_*.cu,
 // built when JAX_PAGED_HAVE_WGMMA), which instantiate it per head size.
 template <typename T, int D>
-GroupedInstance WgmmaRowSplitInstance(int block_size)
-#ifdef JAX_PAGED_WGMMA_TU
-{
-  switch (block_size) {  // 8, 16 or 32 (checked by the handler)
-    case 8: return GroupedInstanceOf<T, T, D, false, 8, false, 4, true>();
-    case 16: return GroupedInstanceOf<T, T, D, false, 16, false, 4, true>();
-    default: return GroupedInstanceOf<T, T, D, false, 32, false, 4, true>();
-  }
-}
-#else
-    ;
-#endif
+GroupedInstance WgmmaRowSplitInstance(int block_size);
 
 // Raises the shared-memory limit and the carveout hint of one kernel
 // instantiation, once per device.
@@ -1648,19 +1634,27 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // issue; constant shared-memory offsets saved ~10% of fp8's instructions, and
 // the row split's ldmatrix addresses fold into immediates), the others read it
 // at run time.
-template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1>
+template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
+          bool kWgmma = false>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
-      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks>();
-      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks>();
-      default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks>();
+      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma>();
+      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma>();
+      default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma>();
     }
   } else {
-    return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks>();
+    return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma>();
   }
 }
+
+#ifdef JAX_PAGED_WGMMA_TU
+template <typename T, int D>
+GroupedInstance WgmmaRowSplitInstance(int block_size) {
+  return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
+}
+#endif
 
 // The kernel for a call: plain (see the kernel) or general. A plain step with
 // a soft cap has its own kernel with 16-bit caches of the query's dtype; fp8

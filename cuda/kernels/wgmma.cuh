@@ -61,13 +61,6 @@ __device__ __forceinline__ void WgmmaWaitAll() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #endif
 }
-// Ordinary shared-memory stores made visible to the tensor cores' (async
-// proxy) reads that follow a barrier.
-__device__ __forceinline__ void FenceProxyAsyncShared() {
-#if JAX_PAGED_WGMMA_DEVICE
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
 
 #define JAX_PAGED_WG_F4(a, i) "+f"(a[i][0]), "+f"(a[i][1]), "+f"(a[i][2]), "+f"(a[i][3])
 #define JAX_PAGED_WG_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])

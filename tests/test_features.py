@@ -1114,3 +1114,23 @@ def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):
     # fp8, head 256: one warp per 16-token slice, so 64-token stages of 32 KiB: two.
     assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 256}), jnp.bfloat16) == 2
     assert per_sm(dims, jnp.float32) == 2           # f32 stages are twice as large
+
+
+@requires_gpu
+@pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (16, 2), (9, 1), (32, 2)])
+def test_gpu_plain_step_half_and_full_rows(cache_dtype, num_heads, num_kv_heads):
+    """The plain decode step's kernels (plain, soft cap; 16-bit and fp8 caches)
+    come in a half-rows form for CTAs of at most 8 query rows (1 and 8 query
+    heads per KV head here), whose loop skips the mma rows 8-15, and the
+    full form (9 and 16 rows): both against the reference at edge lengths,
+    split over partitions and not, NaN in every unused cache slot."""
+    rng = np.random.default_rng(num_heads * 7 + num_kv_heads)
+    lens = [0, 1, 16, 17, 511, 512, 513, 2049]
+    inp = make_inputs(rng, lens, num_heads, num_kv_heads, 128, 16, cache_dtype,
+                      query_dtype=jnp.bfloat16)
+    scales = {} if cache_dtype == jnp.bfloat16 else dict(
+        k_scale=_scales("per_head", num_kv_heads, rng), v_scale=np.float32(0.8))
+    compare("gpu", inp, "grouped", return_lse=True, **scales)
+    if cache_dtype == jnp.bfloat16:  # (fp8 caches' soft cap runs the general kernel)
+        compare("gpu", inp, "grouped", scale=0.5, soft_cap=2.0, return_lse=True)

@@ -354,7 +354,7 @@ constexpr bool kSyncStages = false;
 // w % kSliceGroups + j * kSliceGroups of each tile, all in one pass
 // (GroupedConfig); the epilogue merges the kSliceGroups partials of each row.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
 __global__ void __launch_bounds__(
     kThreads, (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D,
                              kRowBlocks>::kCtasPerSm))
@@ -371,6 +371,14 @@ __global__ void __launch_bounds__(
                              C::kCtasPerSm == 2),
                 "wgmma: the row split's 64-row CTAs at two per SM, head_size % 16 == 0, "
                 "one block size");
+  // kHalfRows: the plain step's kernel for CTAs of at most 8 query rows (up to 8
+  // query heads per KV head): the mma rows gid + 8 are padding, so the loop
+  // skips their logits, exponentials, sums and O rescale (the products still
+  // compute them: an mma row depends on its own A row only, and they are never
+  // written).
+  static_assert(!kHalfRows || (kPlain && kRowBlocks == 1 && C::kMma),
+                "half rows: the plain mma decode step");
+  constexpr int kFragRows = kHalfRows ? 1 : 2;  // fragment rows (gid, gid + 8) computed
 #ifdef JAX_PAGED_TRACE
   const unsigned long long t_entry = GlobalTimerNs();
   const long long c_entry = clock64();
@@ -1105,6 +1113,7 @@ __global__ void __launch_bounds__(
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
+              if ((e >> 1) >= kFragRows) continue;
               const int j = 16 * h + token_of(nt, e);  // bit of smask
               const int r = e >> 1;
               const int t = tbase + (kRowSplit ? kSubStride * h + token_of(nt, e) : j);
@@ -1168,7 +1177,7 @@ __global__ void __launch_bounds__(
       }
       float alpha[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < kFragRows; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       }
@@ -1184,8 +1193,10 @@ __global__ void __launch_bounds__(
         for (int n = 0; n < C::kNTiles; ++n) {
           o[n][0] *= alpha[0];
           o[n][1] *= alpha[0];
-          o[n][2] *= alpha[1];
-          o[n][3] *= alpha[1];
+          if constexpr (!kHalfRows) {
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+          }
         }
       };
       bool rescale = true;
@@ -1195,7 +1206,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         alpha[r] = 1.0f;
-        if (rescale) {
+        if (rescale && r < kFragRows) {
           const float m_new = fmaxf(m_run[r], mx[r]);
           alpha[r] = Exp2Ftz(m_run[r] - m_new);
           m_run[r] = m_new;
@@ -1210,7 +1221,8 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sw[h][nt][e] = Exp2Ftz(sw[h][nt][e] - m_run[e >> 1]);
+          for (int e = 0; e < 4; ++e)
+            if ((e >> 1) < kFragRows) sw[h][nt][e] = Exp2Ftz(sw[h][nt][e] - m_run[e >> 1]);
       // (wgmma: tile k + 1's Q.K done before O is touched: ptxas serializes every
       // wgmma of a kernel where ordinary instructions use accumulators while
       // products are in flight, warning C7514.)
@@ -1236,11 +1248,15 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int h = 0; h < kSub; ++h) {
           paw[h][0] = PackPair<TM>(sw[h][0][0], sw[h][0][1]);
-          paw[h][1] = PackPair<TM>(sw[h][0][2], sw[h][0][3]);
           paw[h][2] = PackPair<TM>(sw[h][1][0], sw[h][1][1]);
-          paw[h][3] = PackPair<TM>(sw[h][1][2], sw[h][1][3]);
           l_run[0] += (sw[h][0][0] + sw[h][0][1]) + (sw[h][1][0] + sw[h][1][1]);
-          l_run[1] += (sw[h][0][2] + sw[h][0][3]) + (sw[h][1][2] + sw[h][1][3]);
+          if constexpr (kHalfRows) {
+            paw[h][1] = paw[h][3] = 0u;
+          } else {
+            paw[h][1] = PackPair<TM>(sw[h][0][2], sw[h][0][3]);
+            paw[h][3] = PackPair<TM>(sw[h][1][2], sw[h][1][3]);
+            l_run[1] += (sw[h][0][2] + sw[h][0][3]) + (sw[h][1][2] + sw[h][1][3]);
+          }
         }
         const uint32_t (&pa)[4] = paw[0];  // the 16-bit path's only sub-slice
         // Two copies of the loop, so that full slices (all but a partition's
@@ -1578,12 +1594,12 @@ struct GroupedInstance {
   int max_rows;                        // GroupedConfig::kRows
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
-  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma>,
+  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows>,
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
 }
 
@@ -1635,18 +1651,41 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // the row split's ldmatrix addresses fold into immediates), the others read it
 // at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
-          bool kWgmma = false>
+          bool kWgmma = false, bool kHalfRows = false>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
-      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma>();
-      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma>();
-      default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma>();
+      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows>();
+      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows>();
+      default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows>();
     }
   } else {
-    return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma>();
+    return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma, kHalfRows>();
   }
+}
+
+// The environment variable JAX_PAGED_HALF_ROWS=0 keeps the plain step's kernels in
+// their full-rows form (read once): for A/B benchmarks in one build.
+inline bool HalfRowsEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("JAX_PAGED_HALF_ROWS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+// The plain step's kernel (with the soft cap of kCap), in its half-rows form
+// (kHalfRows) when the call's CTAs have at most 8 query rows: up to 8 query
+// heads per KV head, as in most grouped-query models. (H200, sixteenth session,
+// against the full-rows form: fp8 e4m3 1.7-3.2% faster at 64 x 32 x 8 x 4096
+// (heads 128 and 64), the soft cap 1.7% faster at B=1 L=32768 but 1.5-2% slower
+// on those two large batches; 16-bit decode within +-0.8%.)
+template <typename T, typename TC, int D, bool kCap>
+GroupedInstance PlainInstance(const PagedAttentionParams& p) {
+  if (RowsPerKvHead(p) <= kMaxRows / 2 && HalfRowsEnabled())
+    return GroupedInstanceForBlockSize<T, TC, D, true, kCap, 1, false, true>(p.block_size);
+  return GroupedInstanceForBlockSize<T, TC, D, true, kCap>(p.block_size);
 }
 
 #ifdef JAX_PAGED_WGMMA_TU
@@ -1676,10 +1715,13 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device)
   if constexpr (kRowBlocks == 1) {
     const bool plain_shape = p.q_len == 1 && p.sliding_window <= 0 && p.alibi_slopes == nullptr;
     const bool capped = p.soft_cap > 0.0f;
-    if (plain_shape && !capped)
+    if constexpr (C::kMma) {
+      if (plain_shape && !capped) return PlainInstance<T, TC, D, false>(p);
+      if constexpr (!C::kFp8) {
+        if (plain_shape) return PlainInstance<T, TC, D, true>(p);
+      }
+    } else if (plain_shape && !capped) {
       return GroupedInstanceForBlockSize<T, TC, D, true, false>(p.block_size);
-    if constexpr (C::kMma && !C::kFp8) {
-      if (plain_shape) return GroupedInstanceForBlockSize<T, TC, D, true, true>(p.block_size);
     }
   }
   return GroupedInstanceForBlockSize<T, TC, D, false, false, kRowBlocks>(p.block_size);

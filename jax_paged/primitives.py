@@ -70,6 +70,16 @@ def _num_sms() -> int:
         return 132
 
 
+def _dev_min_splits() -> int:
+    """JAX_PAGED_GROUPED_MIN_SPLITS=N (development, for A/B benchmarks): the CUDA grouped
+    kernel splits every sequence into at least N partitions (of >= 256 tokens each);
+    read when a call is traced. Unset, empty or not a positive integer: 1."""
+    try:
+        return max(1, int(os.environ.get("JAX_PAGED_GROUPED_MIN_SPLITS", "1")))
+    except ValueError:
+        return 1
+
+
 def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
                            sliding_window: int = 0, ctas_per_sm: int = 2,
                            rows_per_cta: int = 16) -> int:
@@ -89,6 +99,8 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
     items = max(1, dims.num_seqs * dims.num_kv_heads * chunks)
     context = _context_tokens(dims, sliding_window)
     splits = max(1, min(workers // items, -(-context // 256)))
+    if platform == "cuda":
+        splits = max(splits, min(_dev_min_splits(), -(-context // 256)))
     size = -(-context // splits)
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)
 

@@ -353,6 +353,8 @@ constexpr bool kSyncStages = false;
 // query rows per CTA, warp w computing row block w / kSliceGroups over slices
 // w % kSliceGroups + j * kSliceGroups of each tile, all in one pass
 // (GroupedConfig); the epilogue merges the kSliceGroups partials of each row.
+// kWgmma: the row split's experimental warpgroup-product form (wgmma.cuh).
+// kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
 __global__ void __launch_bounds__(
@@ -1678,9 +1680,8 @@ inline bool HalfRowsEnabled() {
 // The plain step's kernel (with the soft cap of kCap), in its half-rows form
 // (kHalfRows) when the call's CTAs have at most 8 query rows: up to 8 query
 // heads per KV head, as in most grouped-query models. (H200, sixteenth session,
-// against the full-rows form: fp8 e4m3 1.7-3.2% faster at 64 x 32 x 8 x 4096
-// (heads 128 and 64), the soft cap 1.7% faster at B=1 L=32768 but 1.5-2% slower
-// on those two large batches; 16-bit decode within +-0.8%.)
+// against the full-rows form over twelve configurations: decode -4.3% to +0.2%,
+// fp8 e4m3 -4.2% to +0.1%, the soft cap -6.2% to +1.3%; BENCHMARKS.md.)
 template <typename T, typename TC, int D, bool kCap>
 GroupedInstance PlainInstance(const PagedAttentionParams& p) {
   if (RowsPerKvHead(p) <= kMaxRows / 2 && HalfRowsEnabled())

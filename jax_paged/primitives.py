@@ -80,6 +80,15 @@ def _dev_min_splits() -> int:
         return 1
 
 
+def _dev_window_one_partition() -> bool:
+    """JAX_PAGED_WINDOW_ONE_PARTITION=1 (development, for A/B benchmarks; not yet
+    measured, see BENCHMARKS.md, sixteenth session): a CUDA grouped call with a
+    sliding window whose CTAs fill the SMs without a split runs one partition of
+    the table's capacity instead of partitions of the window's length. Read when
+    a call is traced."""
+    return os.environ.get("JAX_PAGED_WINDOW_ONE_PARTITION") == "1"
+
+
 def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
                            sliding_window: int = 0, ctas_per_sm: int = 2,
                            rows_per_cta: int = 16) -> int:
@@ -101,6 +110,12 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
     splits = max(1, min(workers // items, -(-context // 256)))
     if platform == "cuda":
         splits = max(splits, min(_dev_min_splits(), -(-context // 256)))
+        if sliding_window and splits == 1 and _dev_window_one_partition():
+            # One partition of the whole table: each CTA reads its own window's
+            # blocks (from the window's first one), with no reduce, where
+            # partitions of the window's length would put most windows across
+            # two of them, with empty ones around (a CTA each).
+            return dims.capacity
     size = -(-context // splits)
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)
 

@@ -1131,6 +1131,25 @@ def test_grouped_min_splits_switch(monkeypatch):
     assert primitives.grouped_partition_size("cpu", dims) == dims.capacity  # CUDA only
 
 
+def test_grouped_window_one_partition_switch(monkeypatch):
+    """JAX_PAGED_WINDOW_ONE_PARTITION=1 (development): a windowed CUDA call whose
+    CTAs fill the SMs without a split gets one partition of the table's capacity
+    (each CTA reads its window, no reduce); with a split, or off, the window's
+    length is split as before."""
+    monkeypatch.setattr(primitives, "_num_sms", lambda: 132)
+    many = _shapes.AttentionDims(num_seqs=64, num_heads=32, head_size=128, num_blocks=16384,
+                                 num_kv_heads=8, block_size=16, max_blocks_per_seq=256)
+    one = _shapes.AttentionDims(**{**many.__dict__, "num_seqs": 1, "max_blocks_per_seq": 2048})
+    size = primitives.grouped_partition_size
+    assert size("cuda", many, 1024) == 1040  # 512 CTAs fill 264 slots: the window's 65 blocks
+    assert size("cuda", one, 1024) == 208    # 8 CTAs: 5 splits of the 65 blocks
+    monkeypatch.setenv("JAX_PAGED_WINDOW_ONE_PARTITION", "1")
+    assert size("cuda", many, 1024) == many.capacity
+    assert size("cuda", one, 1024) == 208
+    assert size("cuda", many) == many.capacity  # no window: unchanged
+    assert size("cpu", many, 1024) == 1040      # CUDA only
+
+
 @requires_gpu
 @pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (16, 2), (9, 1), (32, 2)])

@@ -183,6 +183,9 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM
          "ROW_SPLIT_Q_OWN_SMEM "
 #endif
+#ifdef JAX_PAGED_PLAIN_ALL_VALID
+         "PLAIN_ALL_VALID "
+#endif
       ;
 }
 

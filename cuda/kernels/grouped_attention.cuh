@@ -318,6 +318,13 @@ constexpr bool kSyncStages = true;  // stages released by a __syncthreads per ti
 #else
 constexpr bool kSyncStages = false;
 #endif
+// The plain step's full slices without the per-logit data-bit test (sixteenth
+// session: built, not yet measured).
+#ifdef JAX_PAGED_PLAIN_ALL_VALID
+constexpr bool kPlainAllValid = true;
+#else
+constexpr bool kPlainAllValid = false;
+#endif
 
 // ---- the kernel -----------------------------------------------------------------
 // grid (num_kv_heads * group_chunks, num_seqs chunk, max_num_partitions),
@@ -1121,7 +1128,7 @@ __global__ void __launch_bounds__(
               const int t = tbase + (kRowSplit ? kSubStride * h + token_of(nt, e) : j);
               float l = -INFINITY;
               if constexpr (kPlain) {
-                if ((smask >> j) & 1u) {
+                if (decltype(kAllValid)::value || ((smask >> j) & 1u)) {
                   l = sw[h][nt][e] * qk_scale;
                   if constexpr (kCap) l = cap2 * FastTanh(l * cap_inv);
                 }
@@ -1152,6 +1159,14 @@ __global__ void __launch_bounds__(
       };
       if constexpr (kRowSplit) {
         if (smask == kFullMask && tbase >= all_valid_lo && tbase <= all_valid_hi)
+          capped_logits(std::true_type{});
+        else
+          capped_logits(std::false_type{});
+      } else if constexpr (kPlain && kPlainAllValid) {
+        // (A full slice of the plain step: every token holds data and every row
+        // attends it, so no per-logit bit test; its lane-dependent shift, test and
+        // select cost ~3 instructions per logit.)
+        if (smask == kFullMask)
           capped_logits(std::true_type{});
         else
           capped_logits(std::false_type{});

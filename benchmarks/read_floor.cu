@@ -21,6 +21,12 @@
 //               grid of the grouped kernel's own size.
 //   + tiny      the same call followed by a second small kernel (32 CTAs,
 //               like the V2 reduce at B=1): what the second launch costs.
+//   hold        (`read_floor REPS hold`: these cases only) the fp8 head-64
+//               shape with every thread waiting N SM cycles per tile, a
+//               stand-in for the tile's arithmetic, before the stage's release
+//               (the stage out of flight meanwhile, as in the attention kernel)
+//               or after it (refilled first): how much a tile's compute time
+//               costs the pipeline, and how much releasing early would recover.
 //
 // Build and run (the CMake build compiles it as `jax_paged_read_floor` when
 // the CUDA module is built; or directly):
@@ -99,10 +105,14 @@ __global__ void ReadContiguous(const uint4* x, size_t n, unsigned* sink) {
 // producer and stage ring without its arithmetic. With `counter` (zero at
 // launch): the CTAs claim tiles one at a time from it (atomicAdd, one claim
 // ahead of its use, like the table entries), so that CTAs served faster by
-// the memory system take more tiles.
+// the memory system take more tiles. hold_cycles > 0: every thread waits that
+// many SM cycles per tile, a stand-in for the tile's arithmetic, before the
+// stage's release (hold_after 0: the stage stays out of flight meanwhile, as
+// in the attention kernel) or after it (1: the stage is refilled first, as if
+// the tile's words were in registers).
 __global__ void ReadPaged(const unsigned char* pool, const int* pages, int num_tiles,
                           int page_bytes, int pages_per_stage, int stages, int* counter,
-                          unsigned* sink) {
+                          unsigned* sink, int hold_cycles = 0, int hold_after = 0) {
 #if JAX_PAGED_GROUPED_SM90
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x;
@@ -166,6 +176,12 @@ __global__ void ReadPaged(const unsigned char* pool, const int* pages, int num_t
     g::MbarWait(bar0 + 8 * s, phase);
     if (tile_s[s] >= num_tiles) break;  // the same for every thread
     acc ^= reinterpret_cast<const unsigned*>(smem + s * stage_bytes)[tid];
+    auto hold = [&] {
+      const long long t0 = clock64();
+      while (clock64() - t0 < hold_cycles) {
+      }
+    };
+    if (hold_cycles > 0 && !hold_after) hold();
     __syncthreads();  // the stage is free again
     if (warp == 0) {
       issue(s, next_tile, next_page);
@@ -174,6 +190,7 @@ __global__ void ReadPaged(const unsigned char* pool, const int* pages, int num_t
         next_page = entry_of(next_tile);
       }
     }
+    if (hold_cycles > 0 && hold_after) hold();
     if (++s == stages) {
       s = 0;
       phase ^= 1u;
@@ -243,12 +260,17 @@ struct PagedCase {
   bool tiny;        // a second small kernel after each call
   int dynamic;      // 1: tiles claimed from a counter zeroed by a memset before each call;
                     // 2: static tiles, the same memset (its cost alone)
+  int hold_cycles = 0;  // per tile, before (hold_after 0) or after (1) the stage's release
+  int hold_after = 0;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 15;
+  // `read_floor REPS hold`: only the hold cases (a tile's arithmetic held before
+  // or after its stage's release, at the fp8 head-64 shape).
+  const bool hold_only = argc > 2 && std::string(argv[2]) == "hold";
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -301,6 +323,7 @@ int main(int argc, char** argv) {
   // ---- contiguous reads, per-call time against bytes ------------------------
   const double mb = 1 << 20;
   for (double w_mb : {8.0, 16.0, 32.0, 64.0, 128.0, 256.0}) {
+    if (hold_only) break;
     const size_t w = static_cast<size_t>(w_mb * mb);
     const int sets = static_cast<int>(std::min<size_t>(pool_bytes / w, std::max<size_t>(2, (rotate_bytes + w - 1) / w)));
     const uint4* x = reinterpret_cast<const uint4*>(pool);
@@ -342,12 +365,25 @@ int main(int argc, char** argv) {
         {"4/SM, 3 x 16 KB, 2 KB pages", 2048, 8, 3, 4, 0, false, 0},
         {"bf16-like: 512 CTAs, 3 x 32 KB, 2/SM, 4 KB pages", 4096, 8, 3, 2, 512,
          false}}}};
+  // The hold cases (only with `hold`): the fp8 head-64 shape with a stand-in
+  // for each tile's arithmetic, held before or after the stage's release.
+  std::vector<std::string> hold_names;
+  std::vector<PagedCase> hold_cases;
+  for (int cycles : {0, 500, 1000, 2000, 4000})
+    for (int after : {0, 1}) {
+      if (cycles == 0 && after) continue;
+      hold_names.push_back("as fp8 head 64, hold " + std::to_string(cycles) + " cycles per tile " +
+                           (after ? "after" : "before") + " release");
+      hold_cases.push_back({nullptr, 1024, 16, 3, 4, 512, false, 0, cycles, after});
+    }
+  for (size_t i = 0; i < hold_cases.size(); ++i) hold_cases[i].what = hold_names[i].c_str();
+  const std::vector<std::pair<double, std::vector<PagedCase>>> hold_group = {{256.0, hold_cases}};
   std::mt19937 rng(7);
   int* pages_dev;
   CHECK(cudaMalloc(&pages_dev, (pool_bytes / 1024) * sizeof(int)));
   CHECK(cudaFuncSetAttribute(ReadPaged, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(prop.sharedMemPerMultiprocessor) - 1024));
-  for (const auto& [w_mb, cases] : groups) {
+  for (const auto& [w_mb, cases] : hold_only ? hold_group : groups) {
     const size_t w = static_cast<size_t>(w_mb * mb);
     const int sets = static_cast<int>(std::max<size_t>(2, (rotate_bytes + w - 1) / w));
     std::printf("paged read of %.1f MB per call (%d sets)\n", w / 1e6, sets);
@@ -381,7 +417,8 @@ int main(int argc, char** argv) {
         if (c.dynamic != 0) CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
         ReadPaged<<<grid, kThreads, pad, stream>>>(
             pool, pages_dev + static_cast<size_t>(i % sets) * pages_per_call, num_tiles,
-            c.page_bytes, c.pages_per_stage, c.stages, c.dynamic == 1 ? counter : nullptr, sink);
+            c.page_bytes, c.pages_per_stage, c.stages, c.dynamic == 1 ? counter : nullptr, sink,
+            c.hold_cycles, c.hold_after);
         if (c.tiny) Tiny<<<32, kThreads, 0, stream>>>(tiny_in, tiny_out);
       };
       char name[128];

@@ -70,16 +70,6 @@ def _num_sms() -> int:
         return 132
 
 
-def _dev_min_splits() -> int:
-    """JAX_PAGED_GROUPED_MIN_SPLITS=N (development, for A/B benchmarks): the CUDA grouped
-    kernel splits every sequence into at least N partitions (of >= 256 tokens each);
-    read when a call is traced. Unset, empty or not a positive integer: 1."""
-    try:
-        return max(1, int(os.environ.get("JAX_PAGED_GROUPED_MIN_SPLITS", "1")))
-    except ValueError:
-        return 1
-
-
 def _dev_window_one_partition() -> bool:
     """JAX_PAGED_WINDOW_ONE_PARTITION=1 (development, for A/B benchmarks; not yet
     measured, see BENCHMARKS.md, sixteenth session): a CUDA grouped call with a
@@ -108,14 +98,12 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
     items = max(1, dims.num_seqs * dims.num_kv_heads * chunks)
     context = _context_tokens(dims, sliding_window)
     splits = max(1, min(workers // items, -(-context // 256)))
-    if platform == "cuda":
-        splits = max(splits, min(_dev_min_splits(), -(-context // 256)))
-        if sliding_window and splits == 1 and _dev_window_one_partition():
-            # One partition of the whole table: each CTA reads its own window's
-            # blocks (from the window's first one), with no reduce, where
-            # partitions of the window's length would put most windows across
-            # two of them, with empty ones around (a CTA each).
-            return dims.capacity
+    if platform == "cuda" and sliding_window and splits == 1 and _dev_window_one_partition():
+        # One partition of the whole table: each CTA reads its own window's
+        # blocks (from the window's first one), with no reduce, where partitions
+        # of the window's length would put most windows across two of them, with
+        # empty ones around (a CTA each).
+        return dims.capacity
     size = -(-context // splits)
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)
 

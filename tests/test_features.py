@@ -1116,21 +1116,6 @@ def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):
     assert per_sm(dims, jnp.float32) == 2           # f32 stages are twice as large
 
 
-def test_grouped_min_splits_switch(monkeypatch):
-    """JAX_PAGED_GROUPED_MIN_SPLITS (development) raises the CUDA split count of a
-    call whose CTAs already fill the SMs, never below 256 tokens per partition;
-    anything but a positive integer leaves the rule alone."""
-    monkeypatch.setattr(primitives, "_num_sms", lambda: 132)
-    dims = _shapes.AttentionDims(num_seqs=64, num_heads=32, head_size=64, num_blocks=16384,
-                                 num_kv_heads=8, block_size=16, max_blocks_per_seq=256)
-    size = lambda: primitives.grouped_partition_size("cuda", dims, ctas_per_sm=4)
-    assert size() == 4096  # 512 CTAs in 528 slots: one partition
-    for value, want in (("2", 2048), ("4", 1024), ("64", 256), ("0", 4096), ("x", 4096)):
-        monkeypatch.setenv("JAX_PAGED_GROUPED_MIN_SPLITS", value)
-        assert size() == want, value
-    assert primitives.grouped_partition_size("cpu", dims) == dims.capacity  # CUDA only
-
-
 def test_grouped_window_one_partition_switch(monkeypatch):
     """JAX_PAGED_WINDOW_ONE_PARTITION=1 (development): a windowed CUDA call whose
     CTAs fill the SMs without a split gets one partition of the table's capacity

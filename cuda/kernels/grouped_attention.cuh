@@ -1629,10 +1629,7 @@ GroupedInstance GroupedInstanceOf() {
 // Kept, tested, as the base for the next step (the two CTAs of an SM taking
 // turns on the tensor cores, or producer / consumer warpgroups), not chosen.
 inline bool WgmmaEnabled(int device) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("JAX_PAGED_WGMMA");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool enabled = EnvIs("JAX_PAGED_WGMMA", "1");
   return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
 }
 
@@ -1682,25 +1679,21 @@ GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   }
 }
 
-// The environment variable JAX_PAGED_HALF_ROWS=0 keeps the plain step's kernels in
-// their full-rows form (read once): for A/B benchmarks in one build.
-inline bool HalfRowsEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("JAX_PAGED_HALF_ROWS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-
-// The plain step's kernel (with the soft cap of kCap), in its half-rows form
-// (kHalfRows) when the call's CTAs have at most 8 query rows: up to 8 query
-// heads per KV head, as in most grouped-query models. (H200, sixteenth session,
-// against the full-rows form over twelve configurations: decode -4.3% to +0.2%,
-// fp8 e4m3 -4.2% to +0.1%, the soft cap -6.2% to +1.3%; BENCHMARKS.md.)
+// The plain step's kernel (with the soft cap of kCap). With the tensor cores
+// (16-bit queries) it takes its half-rows form (kHalfRows) when the call's CTAs
+// have at most 8 query rows: up to 8 query heads per KV head, as in most
+// grouped-query models; JAX_PAGED_HALF_ROWS=0 keeps the full-rows form (read
+// once, for A/B runs in one build). (H200, sixteenth session, against the
+// full-rows form over twelve configurations: decode -4.3% to +0.2%, fp8 e4m3
+// -4.2% to +0.1%, the soft cap -6.2% to +1.3%; BENCHMARKS.md.)
 template <typename T, typename TC, int D, bool kCap>
 GroupedInstance PlainInstance(const PagedAttentionParams& p) {
-  if (RowsPerKvHead(p) <= kMaxRows / 2 && HalfRowsEnabled())
-    return GroupedInstanceForBlockSize<T, TC, D, true, kCap, 1, false, true>(p.block_size);
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
+  if constexpr (C::kMma) {
+    static const bool half_rows_enabled = !EnvIs("JAX_PAGED_HALF_ROWS", "0");
+    if (RowsPerKvHead(p) <= kMaxRows / 2 && half_rows_enabled)
+      return GroupedInstanceForBlockSize<T, TC, D, true, kCap, 1, false, true>(p.block_size);
+  }
   return GroupedInstanceForBlockSize<T, TC, D, true, kCap>(p.block_size);
 }
 
@@ -1731,13 +1724,9 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device)
   if constexpr (kRowBlocks == 1) {
     const bool plain_shape = p.q_len == 1 && p.sliding_window <= 0 && p.alibi_slopes == nullptr;
     const bool capped = p.soft_cap > 0.0f;
-    if constexpr (C::kMma) {
-      if (plain_shape && !capped) return PlainInstance<T, TC, D, false>(p);
-      if constexpr (!C::kFp8) {
-        if (plain_shape) return PlainInstance<T, TC, D, true>(p);
-      }
-    } else if (plain_shape && !capped) {
-      return GroupedInstanceForBlockSize<T, TC, D, true, false>(p.block_size);
+    if (plain_shape && !capped) return PlainInstance<T, TC, D, false>(p);
+    if constexpr (C::kMma && !C::kFp8) {
+      if (plain_shape) return PlainInstance<T, TC, D, true>(p);
     }
   }
   return GroupedInstanceForBlockSize<T, TC, D, false, false, kRowBlocks>(p.block_size);

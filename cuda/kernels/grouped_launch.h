@@ -22,6 +22,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "launch.h"
 #include "params.h"
 
 namespace jax_paged {
@@ -187,10 +188,7 @@ constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
 // The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read
 // once): for A/B benchmarks in one build, and as an escape hatch.
 inline bool RowSplitEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("JAX_PAGED_ROW_SPLIT");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = !EnvIs("JAX_PAGED_ROW_SPLIT", "0");
   return enabled;
 }
 

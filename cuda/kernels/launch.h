@@ -89,16 +89,20 @@ inline int ComputeCapabilityMinor(int device) {
   return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMinor>(device);
 }
 
+// Whether the environment variable `name` is set to `value` (the run-time
+// development switches below and in grouped_*.h; each caller reads it once).
+inline bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
 // Whether the V2 reduce is launched as a programmatic dependent of the
 // attention kernel (PDL, sm_90+; it then starts while that kernel drains). The
 // environment variable JAX_PAGED_PDL=0 turns it off (read once). (The attention
 // kernels themselves launched with PDL measured no faster: 2026-11-30, fifth
 // session, BENCHMARKS.md.)
 inline bool UseProgrammaticLaunch(int device) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("JAX_PAGED_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = !EnvIs("JAX_PAGED_PDL", "0");
   return enabled && ComputeCapabilityMajor(device) >= 9;
 }
 

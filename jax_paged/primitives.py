@@ -70,23 +70,15 @@ def _num_sms() -> int:
         return 132
 
 
-def _dev_window_one_partition() -> bool:
-    """JAX_PAGED_WINDOW_ONE_PARTITION=1 (development, for A/B benchmarks; not yet
-    measured, see BENCHMARKS.md, sixteenth session): a CUDA grouped call with a
-    sliding window whose CTAs fill the SMs without a split runs one partition of
-    the table's capacity instead of partitions of the window's length. Read when
-    a call is traced."""
-    return os.environ.get("JAX_PAGED_WINDOW_ONE_PARTITION") == "1"
-
-
 def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
                            sliding_window: int = 0, ctas_per_sm: int = 2,
                            rows_per_cta: int = 16) -> int:
     """Partition length for impl="grouped" (split-KV): enough partitions that
     every SM (or core) gets work, each at least 256 tokens, a multiple of
     block_size. Chosen from static shapes, so no recompilation per length.
-    With a sliding window the split is of the window's blocks (partitions
-    outside a sequence's window exit at once). ``ctas_per_sm``, ``rows_per_cta``:
+    With a sliding window a call that splits splits the window's blocks
+    (partitions outside a sequence's window exit at once); one that needs no
+    split on CUDA gets one partition of the table's capacity. ``ctas_per_sm``, ``rows_per_cta``:
     resident CTAs per SM and query rows per CTA of the CUDA kernel the call runs
     (grouped_ctas_per_sm, grouped_rows_per_cta)."""
     # Measured on the H200 (BENCHMARKS.md): rounding the split count down
@@ -98,11 +90,12 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
     items = max(1, dims.num_seqs * dims.num_kv_heads * chunks)
     context = _context_tokens(dims, sliding_window)
     splits = max(1, min(workers // items, -(-context // 256)))
-    if platform == "cuda" and sliding_window and splits == 1 and _dev_window_one_partition():
+    if platform == "cuda" and sliding_window and splits == 1:
         # One partition of the whole table: each CTA reads its own window's
         # blocks (from the window's first one), with no reduce, where partitions
         # of the window's length would put most windows across two of them, with
-        # empty ones around (a CTA each).
+        # empty ones around (a CTA each): 74-88% -> 89-98% of copy on the B*Hkv
+        # >= 256 rows (BENCHMARKS.md, seventeenth session).
         return dims.capacity
     size = -(-context // splits)
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)

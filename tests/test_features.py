@@ -1018,7 +1018,8 @@ def test_gpu_grouped_single_partition_with_features(q_len, cache_dtype):
         k_scale=_scales("per_head", 8, rng), v_scale=np.float32(1.3))
     slopes = (2.0 ** -rng.uniform(0, 8, size=32)).astype(np.float32)
     compare("gpu", inp, "grouped", alibi_slopes=slopes, soft_cap=20.0, return_lse=True, **scales)
-    # A window: partitions of the window's length (the reduce runs again).
+    # A window: one partition too, each CTA starting at its window's first block.
+    assert primitives.grouped_partition_size("cuda", dims, 200) >= dims.capacity
     compare("gpu", inp, "grouped", sliding_window=200, return_lse=True, **scales)
 
 
@@ -1116,23 +1117,21 @@ def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):
     assert per_sm(dims, jnp.float32) == 2           # f32 stages are twice as large
 
 
-def test_grouped_window_one_partition_switch(monkeypatch):
-    """JAX_PAGED_WINDOW_ONE_PARTITION=1 (development): a windowed CUDA call whose
-    CTAs fill the SMs without a split gets one partition of the table's capacity
-    (each CTA reads its window, no reduce); with a split, or off, the window's
-    length is split as before."""
+def test_grouped_window_partition_rule(monkeypatch):
+    """A windowed CUDA call whose CTAs fill the SMs without a split gets one
+    partition of the table's capacity (each CTA reads its window, no reduce);
+    one that splits splits the window's blocks; CPU calls split the window."""
     monkeypatch.setattr(primitives, "_num_sms", lambda: 132)
+    monkeypatch.setattr(primitives, "_cpu_threads", lambda: 2)
     many = _shapes.AttentionDims(num_seqs=64, num_heads=32, head_size=128, num_blocks=16384,
                                  num_kv_heads=8, block_size=16, max_blocks_per_seq=256)
     one = _shapes.AttentionDims(**{**many.__dict__, "num_seqs": 1, "max_blocks_per_seq": 2048})
     size = primitives.grouped_partition_size
-    assert size("cuda", many, 1024) == 1040  # 512 CTAs fill 264 slots: the window's 65 blocks
-    assert size("cuda", one, 1024) == 208    # 8 CTAs: 5 splits of the 65 blocks
-    monkeypatch.setenv("JAX_PAGED_WINDOW_ONE_PARTITION", "1")
-    assert size("cuda", many, 1024) == many.capacity
-    assert size("cuda", one, 1024) == 208
-    assert size("cuda", many) == many.capacity  # no window: unchanged
-    assert size("cpu", many, 1024) == 1040      # CUDA only
+    assert size("cuda", many, 1024) == many.capacity  # 512 CTAs fill 264 slots
+    assert size("cuda", one, 1024) == 208    # 8 CTAs: 5 splits of the window's 65 blocks
+    assert size("cuda", many) == many.capacity  # no window: one partition too
+    assert size("cuda", one) == 1008         # no window: 264 // 8 = 33 splits of 32768
+    assert size("cpu", many, 1024) == 1040      # CPU: the window's 65 blocks
 
 
 @requires_gpu

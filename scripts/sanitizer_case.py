@@ -131,16 +131,19 @@ def main() -> int:
             # (causal among them), soft cap, a sliding window, the LSE output.
             q3 = jnp.repeat(q[:, None], 3, axis=1) * jnp.asarray([1.0, -0.5, 0.25], q.dtype)[
                 None, :, None, None]
-            kwargs = dict(alibi_slopes=slopes, soft_cap=20.0, sliding_window=2 * bs + 3,
-                          return_lse=True)
-            want = jax.jit(lambda *a: ref.paged_attention(*a, **kwargs))(q3, kc, vc, bt, sl)
-            for impl in ("v1", "v2", "grouped"):
-                got = jax.jit(lambda *a, impl=impl: jp.paged_attention(*a, impl=impl, **kwargs))(
-                    q3, kc, vc, bt, sl)
-                got = jax.block_until_ready(got)
-                report(f"paged_attention {impl} q_len 3 soft cap window lse {name}",
-                       max(rel_err(got[0], want[0]), rel_err(jnp.exp(got[1]), jnp.exp(want[1]))),
-                       TOL[dtype])
+            # (A 300-token window splits its blocks: the grouped grid then holds
+            # only the partitions a window touches, offset per sequence.)
+            for window in (2 * bs + 3, 300):
+                kwargs = dict(alibi_slopes=slopes, soft_cap=20.0, sliding_window=window,
+                              return_lse=True)
+                want = jax.jit(lambda *a: ref.paged_attention(*a, **kwargs))(q3, kc, vc, bt, sl)
+                for impl in ("v1", "v2", "grouped"):
+                    got = jax.jit(lambda *a, impl=impl: jp.paged_attention(
+                        *a, impl=impl, **kwargs))(q3, kc, vc, bt, sl)
+                    got = jax.block_until_ready(got)
+                    report(f"paged_attention {impl} q_len 3 soft cap window {window} lse {name}",
+                           max(rel_err(got[0], want[0]),
+                               rel_err(jnp.exp(got[1]), jnp.exp(want[1]))), TOL[dtype])
             if dtype != "float32" and head % 16 == 0:
                 # fp8 caches (16-bit query), per-KV-head scales, every feature.
                 for fp8 in (jnp.float8_e4m3fn, jnp.float8_e5m2):

@@ -1024,6 +1024,31 @@ def test_gpu_grouped_single_partition_with_features(q_len, cache_dtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("q_len", [None, 4, 16])
+def test_gpu_grouped_window_split_grid(cache_dtype, q_len):
+    """Few sequences with a sliding window: the window's blocks are split, and
+    the grouped kernel's grid holds only the partitions one CTA's rows can
+    touch, counted from the partition of the rows' first token (the kernel's
+    GroupedGridPartitions). Windows of one token, around the partition length,
+    longer than the context; lengths 0, 1, block and partition multiples and
+    past them; NaN in every unused cache slot, -1 past each table's end."""
+    rng = np.random.default_rng(61 + (q_len or 1))
+    lens = [0, 1, 16, 511, 512, 513, 1040, 3001, 4096]
+    inp = make_inputs(rng, lens, 8, 2, 128, 16, cache_dtype, query_dtype=jnp.bfloat16,
+                      q_len=q_len)
+    dims = _shapes.check_paged_attention(*inp.args())
+    scales = {} if cache_dtype == jnp.bfloat16 else dict(
+        k_scale=_scales("per_head", 2, rng), v_scale=np.float32(1.1))
+    for window in (1, 100, 208, 512, 1000, 5000):
+        size = primitives.grouped_partition_size(
+            "cuda", dims, window, primitives.grouped_ctas_per_sm(dims, inp.query.dtype),
+            primitives.grouped_rows_per_cta(dims, inp.query.dtype))
+        assert size < dims.capacity, (window, size)  # a split: the reduce runs
+        compare("gpu", inp, "grouped", sliding_window=window, return_lse=True, **scales)
+
+
+@requires_gpu
 @pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("head_size,block_size", [(128, 16), (64, 8), (256, 32), (80, 16)])
 def test_gpu_grouped_plain_soft_cap(cache_dtype, head_size, block_size):

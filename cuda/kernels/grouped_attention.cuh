@@ -327,8 +327,12 @@ constexpr bool kPlainAllValid = false;
 #endif
 
 // ---- the kernel -----------------------------------------------------------------
-// grid (num_kv_heads * group_chunks, num_seqs chunk, max_num_partitions),
-// kThreads threads, GroupedConfig::kSmemBytes of dynamic shared memory.
+// grid (num_kv_heads * group_chunks, num_seqs chunk, GroupedGridPartitions(p)),
+// kThreads threads, GroupedConfig::kSmemBytes of dynamic shared memory. With
+// a sliding window the grid may hold fewer partitions than the workspace
+// (max_num_partitions): CTA z then runs partition z + (the partition of the
+// first token its rows attend), so that no CTA is launched for the
+// partitions before a sequence's window.
 //
 // Rows: the CTA's query rows are rows [chunk * rows_per_cta, + rows) of its
 // KV head's q_len * group rows, row g = qi * group + h (query position qi,
@@ -404,7 +408,6 @@ __global__ void __launch_bounds__(
   const int kv_head = blockIdx.x / group_chunks;
   const int chunk = blockIdx.x - kv_head * group_chunks;
   const int seq = seq_base + static_cast<int>(blockIdx.y);
-  const int part = blockIdx.z;
   const int group = p.num_heads / p.num_kv_heads;
   const int q_len = p.q_len;
   const int row0 = chunk * rows_per_cta;                            // first row (of q_len * group)
@@ -425,7 +428,7 @@ __global__ void __launch_bounds__(
   const int log2_bs = kBlockSize > 0 ? Log2(kBlockSize) : __ffs(BS) - 1;
   const int ppt = C::kTile >> log2_bs;  // pages per tile (1..16)
   const int blocks_per_part = p.partition_size >> log2_bs;
-  const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
+  const int64_t guess_blk64 = static_cast<int64_t>(blockIdx.z) * blocks_per_part;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
 
   // Warp 0 fetches the first stages' table entries before waiting for
@@ -435,7 +438,7 @@ __global__ void __launch_bounds__(
   if (warp == 0) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
-      const int64_t blk = part_blk64 + i * ppt + lane;
+      const int64_t blk = guess_blk64 + i * ppt + lane;
       first_entries[i] = (lane < ppt && blk < p.max_blocks_per_seq) ? table[blk] : -1;
     }
   }
@@ -445,6 +448,12 @@ __global__ void __launch_bounds__(
   // Union of the rows' ranges: qi grows with the row, and so do start and end.
   const TokenRange first_range = QueryRowRange(L, q_len, row0 / group, p.sliding_window);
   const TokenRange last_range = QueryRowRange(L, q_len, (row0 + rows - 1) / group, p.sliding_window);
+  // A grid of fewer partitions than the workspace's (a window, GroupedGridPartitions)
+  // counts from the partition of the rows' first token; one past the table has none.
+  const int part = static_cast<int>(blockIdx.z) +
+                   (!kPlain && static_cast<int>(gridDim.z) < P ? first_range.start / p.partition_size : 0);
+  if (part >= P) return;
+  const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
   const int union_end_blk = (last_range.end + BS - 1) >> log2_bs;
   const int64_t start_blk64 =
       std::max<int64_t>(part_blk64, static_cast<int64_t>(first_range.start >> log2_bs));
@@ -540,7 +549,7 @@ __global__ void __launch_bounds__(
   int pending_stage = -1;  // warp-uniform; -1: nothing pending
   int32_t last_first_entry = -1;  // warp 0, C::kQInStage: the last stage's first entry
   if (warp == 0) {
-    if (start_blk64 != part_blk64) {  // a sliding window moved the first block
+    if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
       for (int i = 0; i < kStages; ++i) first_entries[i] = load_entry(i);
     }
@@ -1764,7 +1773,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const bool pdl = UseProgrammaticLaunch(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, p.max_num_partitions), kThreads,
+    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), kThreads,
              g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
     if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)

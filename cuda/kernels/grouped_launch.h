@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -195,6 +196,24 @@ inline bool RowSplitEnabled() {
 // Query rows of one KV head in a call: q_len * group (the grouped kernel's rows).
 inline int RowsPerKvHead(const PagedAttentionParams& p) {
   return (p.num_heads / p.num_kv_heads) * p.q_len;
+}
+
+// Partitions in the grouped kernel's grid (its z dimension): the workspace's
+// max_num_partitions, or with a sliding window and a split at most the
+// partitions one CTA's rows can touch, the kernel counting them from the
+// partition of the rows' first token (so that the partitions before a window
+// cost no CTAs: on the H200 a 1024-token window over 32768-token sequences, 1
+// x 32 x 8, took 14.9 us where the same reads at L = 1024 took 9.1 us;
+// BENCHMARKS.md, seventeenth session). A CTA's rows span at most
+// sliding_window + q_len - 1 tokens (the last row's window ends q_len - 1
+// tokens after the first's), which touch at most ceil(span / partition_size) + 1
+// partitions.
+inline int GroupedGridPartitions(const PagedAttentionParams& p) {
+  const int parts = p.max_num_partitions;
+  if (p.sliding_window <= 0 || parts <= 1) return parts;
+  const int64_t span = int64_t{p.sliding_window} + p.q_len - 1;
+  const int64_t touched = (span + p.partition_size - 1) / p.partition_size + 1;
+  return static_cast<int>(std::min<int64_t>(parts, touched));
 }
 
 // Row blocks per CTA (GroupedConfig's kRowBlocks) of the kernel a call with these

@@ -177,12 +177,6 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_PROBE_NO_REDUCE
          "PROBE_NO_REDUCE "
 #endif
-#ifdef JAX_PAGED_CTA_SYNC_STAGES
-         "CTA_SYNC_STAGES "
-#endif
-#ifdef JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM
-         "ROW_SPLIT_Q_OWN_SMEM "
-#endif
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
          "PLAIN_ALL_VALID "
 #endif

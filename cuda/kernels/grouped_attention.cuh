@@ -313,23 +313,17 @@ __device__ __forceinline__ unsigned SmId() {
 #endif
 
 // Development A/B switches (CMake options, off by default; see CMakeLists.txt).
-#ifdef JAX_PAGED_CTA_SYNC_STAGES
-constexpr bool kSyncStages = true;  // stages released by a __syncthreads per tile
-#else
-constexpr bool kSyncStages = false;
-#endif
-// The plain step's full slices without the per-logit data-bit test (sixteenth
-// session: built, not yet measured).
-// A/B switch (development, seventeenth session, not yet run on a GPU): the
-// plain step also takes a sliding window (q_len 1, no ALiBi: every row of a CTA
-// attends [max(0, L - w), L)), its first tile's tokens before the window
-// masked in the tile mask, instead of the general kernel's per-logit range test.
+// The plain step also takes a sliding window (q_len 1, no ALiBi: every row of a
+// CTA attends [max(0, L - w), L)), its first tile's tokens before the window
+// masked in the tile mask, instead of the general kernel's per-logit range test
+// (seventeenth session, not yet run on a GPU).
 #ifdef JAX_PAGED_PLAIN_WINDOW
 constexpr bool kPlainWindow = true;
 #else
 constexpr bool kPlainWindow = false;
 #endif
-
+// The plain step's full slices without the per-logit data-bit test (sixteenth
+// session; seventeenth: fp8 unchanged, 16-bit head 64 undecided).
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
 constexpr bool kPlainAllValid = true;
 #else
@@ -1473,7 +1467,7 @@ __global__ void __launch_bounds__(
     // barrier-free release (H200, fifteenth session; its 64 rows' warps then run
     // their products and softmax in step). So does the wgmma form (its warpgroup
     // re-lays V in place between the products).
-    constexpr bool kCtaBarrier = kWgmma || kSyncStages || kRowSplit;
+    constexpr bool kCtaBarrier = kWgmma || kRowSplit;
     if (pending_stage >= 0) {  // the table entries of this warp's last refill
       if (lane < C::kMaxTilePages)
         refill_table_s[pending_stage * C::kMaxTilePages + lane] = pending_entry;

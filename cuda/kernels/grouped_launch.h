@@ -104,12 +104,8 @@ struct GroupedConfig {
   // stage's first copy is issued, so they are staged in that stage, not in a
   // buffer of their own: at two or four CTAs per SM that leaves room for one more
   // stage at some head sizes (D = 64 with 64 rows: 3 stages instead of 2; D = 112:
-  // 4 instead of 3). JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM (development) keeps the buffer.
-#ifdef JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM
-  static constexpr bool kQInStage = false;
-#else
+  // 4 instead of 3; a buffer of their own measured 1-3% slower at q_len 16, fifteenth session).
   static constexpr bool kQInStage = kRowSplit;
-#endif
   static constexpr int kQOwnBytes = kQInStage ? 0 : kQBytes;  // the buffer of its own
   static constexpr int kMlBytes = kMergeSlices * kRows * 2 * 4;
   // Target of CTAs resident per SM on Hopper (228 KB of shared memory): four
@@ -159,12 +155,10 @@ struct GroupedConfig {
 
 // The stage counts the shared-memory budget above gives, as BENCHMARKS.md states
 // them (fifteenth session): a change of the budget that drops a stage fails here.
-#ifndef JAX_PAGED_ROW_SPLIT_Q_OWN_SMEM
 static_assert(GroupedConfig<2, 2, 64, 4>::kStages == 3 && GroupedConfig<2, 2, 64, 4>::kCtasPerSm == 4 &&
                   GroupedConfig<2, 2, 112, 4>::kStages == 4 &&
                   GroupedConfig<2, 2, 128, 4>::kStages == 3 && GroupedConfig<2, 2, 128, 4>::kCtasPerSm == 2,
               "row split: query rows in the last stage");
-#endif
 static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 2, 64>::kCtasPerSm == 4 && GroupedConfig<2, 1, 128>::kCtasPerSm == 4,
               "decode kernels: stages and CTAs per SM");

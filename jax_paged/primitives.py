@@ -90,12 +90,12 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
     items = max(1, dims.num_seqs * dims.num_kv_heads * chunks)
     context = _context_tokens(dims, sliding_window)
     splits = max(1, min(workers // items, -(-context // 256)))
-    if platform == "cuda" and sliding_window and splits == 1:
-        # One partition of the whole table: each CTA reads its own window's
-        # blocks (from the window's first one), with no reduce, where partitions
-        # of the window's length would put most windows across two of them, with
-        # empty ones around (a CTA each): 74-88% -> 89-98% of copy on the B*Hkv
-        # >= 256 rows (BENCHMARKS.md, seventeenth session).
+    if platform == "cuda" and splits == 1:
+        # One partition of the whole table, also with a window: each CTA reads
+        # its own window's blocks (from the window's first one), with no reduce,
+        # where partitions of the window's length would put most windows across
+        # two of them, with empty ones around (a CTA each): 74-88% -> 89-98% of
+        # copy on the B*Hkv >= 256 rows (BENCHMARKS.md, seventeenth session).
         return dims.capacity
     size = -(-context // splits)
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)

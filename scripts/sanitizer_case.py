@@ -133,9 +133,12 @@ def main() -> int:
                 None, :, None, None]
             # (A 300-token window splits its blocks: the grouped grid then holds
             # only the partitions a window touches, offset per sequence.)
+            def features(window):
+                return dict(alibi_slopes=slopes, soft_cap=20.0, sliding_window=window,
+                            return_lse=True)
+
             for window in (2 * bs + 3, 300):
-                kwargs = dict(alibi_slopes=slopes, soft_cap=20.0, sliding_window=window,
-                              return_lse=True)
+                kwargs = features(window)
                 want = jax.jit(lambda *a: ref.paged_attention(*a, **kwargs))(q3, kc, vc, bt, sl)
                 for impl in ("v1", "v2", "grouped"):
                     got = jax.jit(lambda *a, impl=impl: jp.paged_attention(
@@ -145,7 +148,9 @@ def main() -> int:
                            max(rel_err(got[0], want[0]),
                                rel_err(jnp.exp(got[1]), jnp.exp(want[1]))), TOL[dtype])
             if dtype != "float32" and head % 16 == 0:
-                # fp8 caches (16-bit query), per-KV-head scales, every feature.
+                # fp8 caches (16-bit query), per-KV-head scales, every feature
+                # (the splitting window).
+                kwargs = features(300)
                 for fp8 in (jnp.float8_e4m3fn, jnp.float8_e5m2):
                     k8, v8 = relayout_key(kc, 16).astype(fp8), vc.astype(fp8)
                     scales = dict(k_scale=jnp.linspace(0.5, 1.5, hkv, dtype=jnp.float32),

@@ -354,9 +354,9 @@ constexpr bool kPlainAllValid = false;
 // same permutation; the S columns (tokens) are permuted likewise, so that P's
 // k indices 2tq, 2tq+1, 2tq+8, 2tq+9 are the 4 consecutive tokens 4tq..4tq+3
 // whose V bytes (V rows are token-contiguous) are again one 32-bit load.
-// kPlain: q_len == 1, no sliding window (but with JAX_PAGED_PLAIN_WINDOW), no ALiBi, no soft cap unless kCap
-// (a plain decode step): every row attends [0, L) (a window: [max(0, L - w), L)) with logit = scale * q.k,
-// so the per-row range test and the ALiBi term leave the hot loop. (One
+// kPlain: q_len == 1, no sliding window (but with JAX_PAGED_PLAIN_WINDOW), no
+// ALiBi, no soft cap unless kCap (a plain decode step): every row attends
+// [0, L) (a window: [max(0, L - w), L)) with logit = scale * q.k, so the per-row range test and the ALiBi term leave the hot loop. (One
 // kernel with both paths ran up to 9% slower on plain decode on the H200,
 // e.g. 32x32x32x2048 270 us against 255 us.)
 // kBlockSize: 0, the block size read from p at run time (16-bit and f32

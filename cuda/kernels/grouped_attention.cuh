@@ -313,15 +313,6 @@ __device__ __forceinline__ unsigned SmId() {
 #endif
 
 // Development A/B switches (CMake options, off by default; see CMakeLists.txt).
-// The plain step also takes a sliding window (q_len 1, no ALiBi: every row of a
-// CTA attends [max(0, L - w), L)), its first tile's tokens before the window
-// masked in the tile mask, instead of the general kernel's per-logit range test
-// (seventeenth session, not yet run on a GPU).
-#ifdef JAX_PAGED_PLAIN_WINDOW
-constexpr bool kPlainWindow = true;
-#else
-constexpr bool kPlainWindow = false;
-#endif
 // The plain step's full slices without the per-logit data-bit test (sixteenth
 // session; seventeenth: fp8 unchanged, 16-bit head 64 undecided).
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
@@ -354,11 +345,13 @@ constexpr bool kPlainAllValid = false;
 // same permutation; the S columns (tokens) are permuted likewise, so that P's
 // k indices 2tq, 2tq+1, 2tq+8, 2tq+9 are the 4 consecutive tokens 4tq..4tq+3
 // whose V bytes (V rows are token-contiguous) are again one 32-bit load.
-// kPlain: q_len == 1, no sliding window (but with JAX_PAGED_PLAIN_WINDOW), no
-// ALiBi, no soft cap unless kCap (a plain decode step): every row attends
-// [0, L) (a window: [max(0, L - w), L)) with logit = scale * q.k, so the per-row range test and the ALiBi term leave the hot loop. (One
-// kernel with both paths ran up to 9% slower on plain decode on the H200,
-// e.g. 32x32x32x2048 270 us against 255 us.)
+// kPlain: q_len == 1, no ALiBi, no soft cap unless kCap (a decode step): every
+// row of a CTA attends the same tokens, [0, L) or with a sliding window
+// [max(0, L - w), L), with logit = scale * q.k, so the per-row range test and
+// the ALiBi term leave the hot loop (the window's start is in the tile mask).
+// (One kernel with both paths ran up to 9% slower on plain decode on the H200,
+// e.g. 32x32x32x2048 270 us against 255 us; windows in the plain kernel, against
+// the general one: 1.3-10% faster, eighteenth session.)
 // kBlockSize: 0, the block size read from p at run time (16-bit and f32
 // caches); else it (8, 16 or 32, equal to p.block_size), a compile-time
 // constant (fp8 caches, see SelectGroupedKernel).
@@ -455,9 +448,7 @@ __global__ void __launch_bounds__(
   // A grid of fewer partitions than the workspace's (a window, GroupedGridPartitions)
   // counts from the partition of the rows' first token; one past the table has none.
   const int part = static_cast<int>(blockIdx.z) +
-                   ((!kPlain || kPlainWindow) && static_cast<int>(gridDim.z) < P
-                        ? first_range.start / p.partition_size
-                        : 0);
+                   (static_cast<int>(gridDim.z) < P ? first_range.start / p.partition_size : 0);
   if (part >= P) return;
   const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
   const int union_end_blk = (last_range.end + BS - 1) >> log2_bs;
@@ -941,8 +932,9 @@ __global__ void __launch_bounds__(
         m |= static_cast<Mask>(FirstBits<16>(L - (tb + kSubStride * h))) << (16 * h);
     } else {
       m = FirstBits<kSliceTokens>(L - tb);  // contiguous sub-slices
-      // (A plain step's window: no token before its first, first_range.start.)
-      if constexpr (kPlain && kPlainWindow) m &= ~FirstBits<kSliceTokens>(first_range.start - tb);
+      // (A plain step's window: no token before its first, first_range.start;
+      // without one the start is 0 and this clears nothing.)
+      if constexpr (kPlain) m &= ~FirstBits<kSliceTokens>(first_range.start - tb);
     }
     Mask page_bits = 0u;
 #pragma unroll
@@ -1740,7 +1732,7 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device)
   // > 1 instantiates the general kernel alone.)
   if constexpr (kRowBlocks == 1) {
     const bool plain_shape =
-        p.q_len == 1 && (p.sliding_window <= 0 || kPlainWindow) && p.alibi_slopes == nullptr;
+        p.q_len == 1 && p.alibi_slopes == nullptr;
     const bool capped = p.soft_cap > 0.0f;
     if (plain_shape && !capped) return PlainInstance<T, TC, D, false>(p);
     if constexpr (C::kMma && !C::kFp8) {

@@ -360,7 +360,7 @@ constexpr bool kPlainAllValid = false;
 // the ALiBi term leave the hot loop (the window's start is in the tile mask).
 // (One kernel with both paths ran up to 9% slower on plain decode on the H200,
 // e.g. 32x32x32x2048 270 us against 255 us; windows in the plain kernel, against
-// the general one: 1.3-10% faster, eighteenth session.)
+// the general one: 1.2-9.1% faster, eighteenth session.)
 // kBlockSize: 0, the block size read from p at run time (16-bit and f32
 // caches); else it (8, 16 or 32, equal to p.block_size), a compile-time
 // constant (fp8 caches, see SelectGroupedKernel).

@@ -313,15 +313,6 @@ __device__ __forceinline__ unsigned SmId() {
 #endif
 
 // Development A/B switches (CMake options, off by default; see CMakeLists.txt).
-// 16-bit / f32 query rows loaded into registers at the kernel's start, before
-// the first stages' copies, stored to shared memory where they were (eighteenth
-// session: the fifteenth session's profile of q_len 16 had 3.6% of its samples
-// on query loads queued behind the first copies).
-#ifdef JAX_PAGED_QUERY_FIRST
-constexpr bool kQueryFirst = true;
-#else
-constexpr bool kQueryFirst = false;
-#endif
 // The plain step's full slices without the per-logit data-bit test (sixteenth
 // session; seventeenth: fp8 unchanged, 16-bit head 64 undecided).
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
@@ -428,26 +419,6 @@ __global__ void __launch_bounds__(
     return (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + kv_head * group +
            (g - qi * group);
   };
-
-  // 16-bit / f32 queries (kQueryFirst): this thread's chunks of the query rows,
-  // loaded now, stored to shared memory below.
-  constexpr int kQChunks = D / C::kQX;  // 16-byte chunks per query row
-  constexpr int kQIters = (C::kRows * kQChunks + kThreads - 1) / kThreads;
-  // (Not the row split at four CTAs per SM, head sizes <= 64: at its 128 registers
-  // the held chunks spilled.)
-  constexpr bool kQPre = kQueryFirst && !kFp8 && !(C::kRowSplit && C::kCtasPerSm >= 4);
-  uint4 q_pre[kQPre ? kQIters : 1];
-  if constexpr (kQPre) {
-#pragma unroll
-    for (int j = 0; j < kQIters; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / kQChunks;
-      q_pre[j] = make_uint4(0u, 0u, 0u, 0u);
-      if (i < C::kRows * kQChunks && r < rows)
-        q_pre[j] = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
-                                                   (i - r * kQChunks) * C::kQX);
-    }
-  }
 
   const int BS = kBlockSize > 0 ? kBlockSize : p.block_size;  // 8, 16 or 32 (checked by the handler)
   // (__ffs of a constant is not folded: the constant case is spelled out.)
@@ -640,18 +611,11 @@ __global__ void __launch_bounds__(
         q_pairs[idx] = *reinterpret_cast<const uint32_t*>(&h);
       }
     }
-  } else if constexpr (kQPre) {
-#pragma unroll
-    for (int j = 0; j < kQIters; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / kQChunks;
-      if (i < C::kRows * kQChunks)
-        *reinterpret_cast<uint4*>(q_s + r * C::kQStride + (i - r * kQChunks) * C::kQX) = q_pre[j];
-    }
   } else {
-    for (int i = tid; i < C::kRows * kQChunks; i += kThreads) {
-      const int r = i / kQChunks;
-      const int c = i - r * kQChunks;
+    constexpr int kChunks = D / C::kQX;
+    for (int i = tid; i < C::kRows * kChunks; i += kThreads) {
+      const int r = i / kChunks;
+      const int c = i - r * kChunks;
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if (r < rows)
         v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.query) + hrow_of(r) * D +

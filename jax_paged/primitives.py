@@ -76,9 +76,10 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
     """Partition length for impl="grouped" (split-KV): enough partitions that
     every SM (or core) gets work, each at least 256 tokens, a multiple of
     block_size. Chosen from static shapes, so no recompilation per length.
-    With a sliding window a call that splits splits the window's blocks
-    (partitions outside a sequence's window exit at once); one that needs no
-    split on CUDA gets one partition of the table's capacity. ``ctas_per_sm``, ``rows_per_cta``:
+    With a sliding window a call that splits splits the window's blocks (the
+    CUDA grid holds only the partitions a window touches, GroupedGridPartitions;
+    on CPU the others exit at once); one that needs no split on CUDA gets one
+    partition of the table's capacity. ``ctas_per_sm``, ``rows_per_cta``:
     resident CTAs per SM and query rows per CTA of the CUDA kernel the call runs
     (grouped_ctas_per_sm, grouped_rows_per_cta)."""
     # Measured on the H200 (BENCHMARKS.md): rounding the split count down

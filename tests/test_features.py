@@ -1170,7 +1170,9 @@ def test_gpu_plain_step_half_and_full_rows(cache_dtype, num_heads, num_kv_heads)
     come in a half-rows form for CTAs of at most 8 query rows (1 and 8 query
     heads per KV head here), whose loop skips the mma rows 8-15, and the
     full form (9 and 16 rows): both against the reference at edge lengths,
-    split over partitions and not, NaN in every unused cache slot."""
+    split over partitions and not, NaN in every unused cache slot. A decode
+    step's sliding window runs the same kernels (the window's first token in
+    the tile mask), with and without the soft cap."""
     rng = np.random.default_rng(num_heads * 7 + num_kv_heads)
     lens = [0, 1, 16, 17, 511, 512, 513, 2049]
     inp = make_inputs(rng, lens, num_heads, num_kv_heads, 128, 16, cache_dtype,
@@ -1178,5 +1180,11 @@ def test_gpu_plain_step_half_and_full_rows(cache_dtype, num_heads, num_kv_heads)
     scales = {} if cache_dtype == jnp.bfloat16 else dict(
         k_scale=_scales("per_head", num_kv_heads, rng), v_scale=np.float32(0.8))
     compare("gpu", inp, "grouped", return_lse=True, **scales)
+    # Windows starting inside a page and on a page boundary, of one token, and
+    # longer than some sequences.
+    for window in (1, 17, 300):
+        compare("gpu", inp, "grouped", sliding_window=window, return_lse=True, **scales)
     if cache_dtype == jnp.bfloat16:  # (fp8 caches' soft cap runs the general kernel)
         compare("gpu", inp, "grouped", scale=0.5, soft_cap=2.0, return_lse=True)
+        compare("gpu", inp, "grouped", scale=0.5, soft_cap=2.0, sliding_window=17,
+                return_lse=True)

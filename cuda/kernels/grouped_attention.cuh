@@ -1731,8 +1731,7 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device)
   // (The row split runs multi-token queries only, never the plain step: kRowBlocks
   // > 1 instantiates the general kernel alone.)
   if constexpr (kRowBlocks == 1) {
-    const bool plain_shape =
-        p.q_len == 1 && p.alibi_slopes == nullptr;
+    const bool plain_shape = p.q_len == 1 && p.alibi_slopes == nullptr;  // windowed or not
     const bool capped = p.soft_cap > 0.0f;
     if (plain_shape && !capped) return PlainInstance<T, TC, D, false>(p);
     if constexpr (C::kMma && !C::kFp8) {

@@ -320,13 +320,6 @@ constexpr bool kPlainAllValid = true;
 #else
 constexpr bool kPlainAllValid = false;
 #endif
-// fp8 K loads without two-way bank conflicts (nineteenth session): lanes 16-31
-// (S columns 4-7) load the other n-tile's tokens (see the kernel's fp8 notes).
-#ifdef JAX_PAGED_FP8_K_BANKS
-constexpr bool kFp8KBanks = true;
-#else
-constexpr bool kFp8KBanks = false;
-#endif
 
 // ---- the kernel -----------------------------------------------------------------
 // grid (num_kv_heads * group_chunks, num_seqs chunk, GroupedGridPartitions(p)),
@@ -717,12 +710,9 @@ __global__ void __launch_bounds__(
 #pragma unroll
   for (int n = 0; n < C::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-  // kFp8KBanks: S columns 4-7 (lanes tq >= 2 of the accumulators, lanes 16-31 of
-  // the K loads) hold the other n-tile's tokens, so that those lanes' P pairs swap.
-  const int nt_flip = kFp8 && kFp8KBanks && tq >= 2 ? 1 : 0;
   // Token (0..15 within the slice) of S fragment element s[nt][e].
   auto token_of = [&](int nt, int e) -> int {
-    return kFp8 ? 4 * tq + 2 * (nt ^ nt_flip) + (e & 1) : nt * 8 + 2 * tq + (e & 1);
+    return kFp8 ? 4 * tq + 2 * nt + (e & 1) : nt * 8 + 2 * tq + (e & 1);
   };
 
   // Shared-memory byte offsets (within a stage's K or V region) of this lane's
@@ -738,7 +728,6 @@ __global__ void __launch_bounds__(
   };
   bool v_swap = false;
   uint32_t k8_off[kSub] = {}, v8_off[kSub] = {};  // fp8: per sub-slice
-  uint32_t k8_nt_off[kSub][2] = {};  // kFp8KBanks: per sub-slice and n-tile
   // Element offsets of this lane's four tokens (f32 path).
   int kf_off[2][2] = {{0, 0}, {0, 0}};
   if constexpr (C::kMma) {
@@ -751,16 +740,6 @@ __global__ void __launch_bounds__(
       for (int h = 0; h < kSub; ++h) {
         const int tk = slice_tok + 16 * h + 4 * (gid >> 1) + (gid & 1);
         k8_off[h] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
-        // kFp8KBanks: column gid of n-tile nt holds token tk + 2 (nt ^ (gid >= 4)).
-        // A 16-dim chunk of a K page is 16 bytes per token, so tokens t and t + 8
-        // (columns gid and gid + 4 as above) share banks: a two-way conflict on
-        // every K load (H200, fifteenth session's profile of fp8 head 64: 1.05 M
-        // excess wavefronts of 4.49 M). With the flip the 8 columns of a load are
-        // tokens {0, 1, 4, 5, 10, 11, 14, 15} or {2, 3, 6, 7, 8, 9, 12, 13}: all
-        // 32 banks. The tokens stay in tk's page (tk % 4 < 2).
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-          k8_nt_off[h][nt] = k8_off[h] + 32u * static_cast<uint32_t>(nt ^ (gid >= 4 ? 1 : 0));
         const int tv = slice_tok + 16 * h + 4 * tq;
         v8_off[h] = (tv >> log2_bs) * page_elems + (dim0 + gid) * BS + (tv & (BS - 1));
       }
@@ -810,10 +789,6 @@ __global__ void __launch_bounds__(
   for (int h = 0; h < kSub; ++h) {
     k8_off[h] = Opaque(k8_off[h]);
     v8_off[h] = Opaque(v8_off[h]);
-    if constexpr (kFp8KBanks) {
-      k8_nt_off[h][0] = Opaque(k8_nt_off[h][0]);
-      k8_nt_off[h][1] = Opaque(k8_nt_off[h][1]);
-    }
   }
   // 16-bit caches: the lane offsets of sub-slice h (the row split's slice h),
   // st = kSubStride * h tokens on from the first. They stay within one page when
@@ -1074,8 +1049,8 @@ __global__ void __launch_bounds__(
           for (int h = 0; h < kSub; ++h)
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
-              const uint32_t koff = kFp8KBanks ? k8_nt_off[h][nt] : k8_off[h] + nt * 32;
-              const uint32_t raw = *reinterpret_cast<const uint32_t*>(kptr + koff + ks * 16 * BS);
+              const uint32_t raw =
+                  *reinterpret_cast<const uint32_t*>(kptr + k8_off[h] + nt * 32 + ks * 16 * BS);
               uint32_t b0, b1;
               Fp8x4ToHalf2x2<TC>(raw, b0, b1);
               Mma16816<TM>(sw[h][nt], a, b0, b1);
@@ -1307,12 +1282,6 @@ __global__ void __launch_bounds__(
             paw[h][1] = PackPair<TM>(sw[h][0][2], sw[h][0][3]);
             paw[h][3] = PackPair<TM>(sw[h][1][2], sw[h][1][3]);
             l_run[1] += (sw[h][0][2] + sw[h][0][3]) + (sw[h][1][2] + sw[h][1][3]);
-          }
-          if constexpr (kFp8 && kFp8KBanks) {
-            // P's k indices 2tq, 2tq + 1 are tokens 4tq, 4tq + 1 (V's low pair):
-            // n-tile nt_flip's.
-            UnswapPair(paw[h][0], paw[h][2], nt_flip != 0);
-            UnswapPair(paw[h][1], paw[h][3], nt_flip != 0);
           }
         }
         const uint32_t (&pa)[4] = paw[0];  // the 16-bit path's only sub-slice

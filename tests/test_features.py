@@ -953,9 +953,11 @@ def test_gpu_features_at_scale(head_size, block_size):
 @requires_gpu
 @pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("head_size,block_size", [(96, 32), (128, 32), (80, 16), (64, 16),
-                                                  (112, 8)])
+                                                  (112, 8), (192, 32), (256, 16), (256, 8)])
 def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_size):
-    """The row split's 64-row CTAs at every block size and head sizes 64-128, at
+    """The row split's 64-row CTAs at every block size and head sizes 64-256 (192
+    and 256: the wide row split where it is built, CMake JAX_PAGED_WIDE_ROW_SPLIT,
+    else 16-row CTAs), at
     edge lengths (block and 64-token tile boundaries, 512-token partitions), with
     NaN in every unused cache slot; plain (the wholly valid passes), with LSE and
     a soft cap, with a window, and with 48 rows (a last row block a quarter full,
@@ -972,19 +974,20 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
 
 
 @requires_gpu
-@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("block_size,head_size", [(8, 128), (16, 128), (32, 128), (16, 256)])
 @pytest.mark.parametrize("slope_scale", [0.004, 0.03, 0.3])
-def test_gpu_row_split_lazy_rescale_growing_maxima(block_size, slope_scale):
+def test_gpu_row_split_lazy_rescale_growing_maxima(block_size, head_size, slope_scale):
     """The row split keeps a row's running maximum until a 64-token pass exceeds
     it by more than 2^8 (kLazyRescale), then rescales. ALiBi slopes make every
     row's logits grow along the sequence: by a fraction of that threshold per
     pass (the maximum stays stale for many passes, probabilities up to 2^8),
     about half of it, and several times it (a rescale in every pass); plus
     keys scaled up along the sequence without ALiBi (the wholly valid passes).
-    Against the reference, with LSE (which must use the same maximum as O)."""
+    Against the reference, with LSE (which must use the same maximum as O).
+    (Head size 256: the wide row split's 32-token passes, where it is built.)"""
     rng = np.random.default_rng(block_size + int(1000 * slope_scale))
     lens = [1, 64, 65, 700, 1100, 2100]
-    inp = make_inputs(rng, lens, 32, 8, 128, block_size, jnp.bfloat16, q_len=16)
+    inp = make_inputs(rng, lens, 32, 8, head_size, block_size, jnp.bfloat16, q_len=16)
     slopes = (slope_scale * rng.uniform(0.5, 1.0, size=32)).astype(np.float32)
     compare("gpu", inp, "grouped", alibi_slopes=slopes, return_lse=True)
     # Positive queries and keys growing with the token's position (no ALiBi: the

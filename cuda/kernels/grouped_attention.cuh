@@ -813,10 +813,11 @@ __global__ void __launch_bounds__(
 
   // Row split: the warp's 16 query rows as mma A fragments, loaded once (the
   // decode kernel reloads them per slice: with every warp walking several slices,
-  // that was a third of the row split's shared-memory reads).
-  uint32_t qa[kRowSplit ? D / 16 : 1][4];
+  // that was a third of the row split's shared-memory reads). (Not the wide row
+  // split, C::kQInRegs false: it reads them per product, from its own buffer.)
+  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
   uint32_t qa_tail[2];
-  if constexpr (kRowSplit) {
+  if constexpr (C::kQInRegs) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) Ldsm4(qa[ks], q_addr + ks * 32);
     if constexpr (D % 16 == 8) Ldsm2(qa_tail, q_addr + (D / 16) * 32);
@@ -1060,7 +1061,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t a[4];
-          if constexpr (kRowSplit) {
+          if constexpr (C::kQInRegs) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) a[i] = qa[ks][i];
           } else {
@@ -1076,7 +1077,7 @@ __global__ void __launch_bounds__(
         }
         if constexpr (D % 16 == 8) {
           uint32_t a[2];
-          if constexpr (kRowSplit) {
+          if constexpr (C::kQInRegs) {
             a[0] = qa_tail[0];
             a[1] = qa_tail[1];
           } else {
@@ -1541,8 +1542,8 @@ __global__ void __launch_bounds__(
   }
   // Each row's max, softmax sum and output factor over the slices, once per
   // row (not once per output element below), in the query's buffer (no
-  // longer read).
-  float* row_s = reinterpret_cast<float*>(q_s);  // [kRows][4]: max, sum, factor, -
+  // longer read; GroupedConfig::kRowStatsOff).
+  float* row_s = reinterpret_cast<float*>(smem + C::kRowStatsOff);  // [kRows][4]: max, sum, factor, -
   if (tid < rows) {
     const float m_all = row_max(tid);
     float l_all = 0.0f;

@@ -36,6 +36,18 @@ constexpr int kMaxRows = 16;   // query heads per CTA: the M of mma.m16n8k16
 constexpr int kMinBlockSize = 8;
 constexpr int kMaxBlockSize = 32;
 
+// Development option (nineteenth session, CMake JAX_PAGED_WIDE_ROW_SPLIT): the row
+// split at head sizes 192 and 256 too (64-row CTAs, each warp all the dims of its
+// 16 rows, 32-token tiles, the query rows read from shared memory per product),
+// instead of 16-row CTAs that each read the KV head's pages.
+#ifdef JAX_PAGED_WIDE_ROW_SPLIT
+constexpr bool kWideRowSplit = true;
+#else
+constexpr bool kWideRowSplit = false;
+#endif
+// The wide row split's head sizes (kWideRowSplit): above 128.
+constexpr bool WideRowSplitHead(int d) { return d > 128; }
+
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
@@ -64,7 +76,9 @@ struct GroupedConfig {
   // small. fp8 caches keep one warp per slice (D = 256: 64-token stages of
   // 32 KB at two CTAs per SM, like 16-bit D = 128; ~190 registers, no
   // spills), since duplicating the logits' widening and mma cost them more.
-  static constexpr int kWarpsPerSlice = D >= 192 && !kFp8 ? 2 : 1;
+  // (The row split, kRowBlocks > 1, keeps one warp per slice: each warp all the dims
+  // of its own 16 rows.)
+  static constexpr int kWarpsPerSlice = D >= 192 && !kFp8 && kRowBlocks == 1 ? 2 : 1;
   static constexpr int kSlices = kWarps / kWarpsPerSlice;
   // 16-token sub-slices per warp slice: 2 for fp8 caches at head sizes <= 64
   // (a 32-token slice: its max shuffles, exponent of the rescale factor, O
@@ -76,7 +90,11 @@ struct GroupedConfig {
   // CTAs per SM, measured no faster at B=1 L=32768 and 2-14% slower on large fp8
   // batches: H200, eleventh session.)
   static constexpr int kSubSlices = kFp8 && D <= 64 ? 2 : 1;
-  static constexpr int kTile = 16 * kSlices * kSubSlices;  // tokens per stage (32..128)
+  // The wide row split (head sizes above 128, 64 rows): each warp walks 2 slices
+  // per tile, not 4, so that a stage stays at 32 KB (32 tokens) at head 256.
+  static constexpr bool kWide = kRowBlocks > 1 && WideRowSplitHead(D);
+  static_assert(!kWide || kRowBlocks == 4, "the wide row split: 64-row CTAs only");
+  static constexpr int kTile = 16 * kSlices * kSubSlices / (kWide ? 2 : 1);  // tokens per stage (32..128)
   static constexpr int kDimsPerWarp = D / kWarpsPerSlice;
   static constexpr int kNTiles = kDimsPerWarp / 8;  // P.V n-tiles (8 dims) per warp
   static_assert(D % 8 == 0 && kDimsPerWarp % 8 == 0, "head size must be a multiple of 8");
@@ -92,20 +110,25 @@ struct GroupedConfig {
   // per row (one per warp of a row block).
   static constexpr int kRows = kRowBlocks * kMaxRows;
   static constexpr int kSliceGroups = kSlices / kRowBlocks;
-  static constexpr int kSlicesPerWarp = kRowBlocks;
+  static constexpr int kSlicesPerWarp = kWide ? kRowBlocks / 2 : kRowBlocks;
+  static_assert(!kRowSplit || kTile == 16 * kSliceGroups * kSlicesPerWarp, "row split: a tile");
+  // The row split holds its warp's 16 query rows in registers (D / 16 A fragments),
+  // except the wide one, whose O fragments (D / 2 floats per lane) leave no room:
+  // it reads them from shared memory per product, as the decode kernels do.
+  static constexpr bool kQInRegs = kRowSplit && !kWide;
   static constexpr int kMergeSlices = kSliceGroups;
   // Query rows in shared memory, padded so that ldmatrix rows (16-bit path)
   // or float4 rows (f32 path) fall in different banks. The row split reads them
   // once, into registers, so its rows are not padded (its shared memory is short).
   static constexpr int kQStride =
-      kRowSplit ? D : (kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4);  // elements
+      kQInRegs ? D : (kMma ? D + ((D / 8) % 2 == 0 ? 8 : 16) : D + 4);  // elements
   static constexpr int kQBytes = RoundUp(kRows * kQStride * QELEM, 16);
   // The row split reads its query rows once (into registers) before the last
   // stage's first copy is issued, so they are staged in that stage, not in a
   // buffer of their own: at two or four CTAs per SM that leaves room for one more
   // stage at some head sizes (D = 64 with 64 rows: 3 stages instead of 2; D = 112:
   // 4 instead of 3; a buffer of their own measured 1-3% slower at q_len 16, fifteenth session).
-  static constexpr bool kQInStage = kRowSplit;
+  static constexpr bool kQInStage = kQInRegs;
   static constexpr int kQOwnBytes = kQInStage ? 0 : kQBytes;  // the buffer of its own
   static constexpr int kMlBytes = kMergeSlices * kRows * 2 * 4;
   // Target of CTAs resident per SM on Hopper (228 KB of shared memory): four
@@ -144,7 +167,13 @@ struct GroupedConfig {
   // (an 8-way conflict); D + 8 spreads them over all 32 banks (measured on
   // the H200: B=1 L=32768 0.6 us, B=8 L=8192 1.5 us faster, see BENCHMARKS.md).
   static constexpr int kObufStride = D + 8;
-  static_assert(kMergeSlices * kRows * kObufStride * 4 <= kQOff, "combine buffer (beside the query's)");
+  static constexpr int kObufBytes = kMergeSlices * kRows * kObufStride * 4;
+  // Each row's max, sum and output factor ([kRows][4] float) after the combine
+  // buffer: in the query's buffer (no longer read by then), which the wide row
+  // split's combine buffer runs into.
+  static constexpr int kRowStatsOff = RoundUp(kObufBytes > kQOff ? kObufBytes : kQOff, 16);
+  static_assert(kObufBytes <= kMlOff && kRowStatsOff + kRows * 16 <= kMlOff,
+                "combine buffer and row stats (before the merge's max / sum)");
   // Resident CTAs per SM (1 KB of shared memory reserved per CTA): the
   // kernel's minimum-blocks bound, and what the Python partition rule
   // sizes its split with (grouped_ctas_per_sm).
@@ -166,7 +195,7 @@ static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
 // sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128.
 constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
-  return qelem == 2 && celem == 2 && d < 192;
+  return qelem == 2 && celem == 2 && (!WideRowSplitHead(d) || kWideRowSplit);
 }
 
 // Whether the row split's 64-row CTAs can run on the tensor cores' warpgroup
@@ -177,7 +206,7 @@ constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
 // kernel measured slower than mma.sync there, H200: 204.1 against 185.5 us at
 // 64 x 32 x 8 x 4096, q_len 16.)
 constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
-  return RowSplitAvailable(qelem, celem, d) && d % 16 == 0 && d > 64;
+  return RowSplitAvailable(qelem, celem, d) && d % 16 == 0 && d > 64 && !WideRowSplitHead(d);
 }
 
 // The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read
@@ -222,7 +251,8 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   if (!RowSplitAvailable(qelem, celem, d) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
     return 1;
-  return rows_per_kv_head <= 2 * kMaxRows ? 2 : 4;
+  // (The wide row split has 64-row CTAs only.)
+  return rows_per_kv_head <= 2 * kMaxRows && !WideRowSplitHead(d) ? 2 : 4;
 }
 
 // f(std::integral_constant<int, RowBlocks(...)>{}) for a kernel of these element
@@ -234,7 +264,9 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
   if constexpr (RowSplitAvailable(QELEM, CELEM, D)) {
     switch (RowBlocks(QELEM, CELEM, D, q_len, rows_per_kv_head)) {
       case 4: return f(std::integral_constant<int, 4>{});
-      case 2: return f(std::integral_constant<int, 2>{});
+      case 2:
+        if constexpr (!WideRowSplitHead(D)) return f(std::integral_constant<int, 2>{});
+        break;
       default: break;
     }
   }

@@ -56,7 +56,8 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
 // caches, which need QELEM == 2: they are widened to f16 in registers,
 // exactly, for the f16 tensor cores). D: head size.
-// kRowBlocks (1, 2 or 4; more than 1 only for 16-bit caches, D <= 128, see
+// kRowBlocks (1, 2 or 4; more than 1 only for 16-bit caches, D <= 128 or with
+// kWideRowSplit 4 at D 192 / 256, see
 // RowBlocks): blocks of 16 query rows per CTA.
 // With kRowBlocks > 1 the warps split over rows as well as tokens: warp w owns
 // row block w / kSliceGroups and computes every kSliceGroups-th token slice of
@@ -103,7 +104,7 @@ struct GroupedConfig {
   static constexpr int kStageBytes = 2 * kTileElems * CELEM;
   static_assert(kRowBlocks == 1 || kRowBlocks == 2 || kRowBlocks == 4, "1, 2 or 4 row blocks");
   static_assert(kRowBlocks == 1 || (kMma && !kFp8 && kWarpsPerSlice == 1),
-                "the row split is for 16-bit caches with one warp per slice (D <= 128)");
+                "the row split is for 16-bit caches, one warp per slice");
   static constexpr bool kRowSplit = kRowBlocks > 1;
   // Query rows per CTA; warps per row block (each computing its own token slices);
   // token slices each warp computes per tile (one pass); slice partials the epilogue merges
@@ -193,7 +194,8 @@ static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>
               "decode kernels: stages and CTAs per SM");
 
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
-// sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128.
+// sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128, and
+// above with kWideRowSplit.
 constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
   return qelem == 2 && celem == 2 && (!WideRowSplitHead(d) || kWideRowSplit);
 }

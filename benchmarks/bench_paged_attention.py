@@ -491,6 +491,7 @@ def variant_list(args) -> list[tuple[str, str, str]]:
     if args.window:
         feats.append(f"win{args.window}")
     feats += [f"q{n}" for n in dict.fromkeys(args.q_len)]
+    feats += [f"fp8{f}q{n}" for f in dict.fromkeys(args.fp8) for n in dict.fromkeys(args.fp8_q_len)]
     return [(f"{impl}+{feat}", impl, feat) for feat in feats for impl in args.variant_impls]
 
 
@@ -700,23 +701,28 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
         extra: dict[str, Any] = dict(variant=feat, impl=impl)
         vsets, vbytes, vq = sets, plan["kv_bytes"], None
         try:
+            # "q<N>": N new tokens per sequence (speculative verification, chunked
+            # prefill): the same pages as the decode step, so TB/s counts the same bytes.
+            # "fp8<fmt>q<N>": the same on the fp8 caches.
+            n_new = int(feat.rsplit("q", 1)[1]) if "q" in feat else 0
+            if n_new:
+                vq = block(jax.random.normal(rkey(args.seed * 1000 + 5 + n_new),
+                                             (cfg.batch, n_new, cfg.num_heads, cfg.head_size),
+                                             q.dtype))
+                extra["q_len"] = n_new
             if feat.startswith("fp8"):
-                fmt = feat[3:]
+                fmt = feat[3:].split("q")[0]
                 if fmt not in fp8_sets:
                     fp8_sets[fmt] = quantise_sets(sets, fmt)
                 vsets, ks, vs = fp8_sets[fmt]
                 kwargs = dict(k_scale=ks, v_scale=vs)
                 vbytes = plan["kv_bytes"] // itemsize            # one byte per element
-                extra.update(k_scale=float(ks), v_scale=float(vs), unquantised_truth=truth)
-                vtruth = block(ground_truth(q, *vsets[0], scale, k_scale=ks, v_scale=vs))
-            elif feat.startswith("q"):
-                # N new tokens per sequence (speculative verification, chunked prefill): the
-                # same pages as the decode step, so TB/s counts the same bytes.
-                n_new = int(feat[1:])
-                vq = block(jax.random.normal(rkey(args.seed * 1000 + 5 + n_new),
-                                             (cfg.batch, n_new, cfg.num_heads, cfg.head_size),
-                                             q.dtype))
-                extra["q_len"] = n_new
+                extra.update(k_scale=float(ks), v_scale=float(vs))
+                if not n_new:   # (the unquantised truth is the decode step's)
+                    extra["unquantised_truth"] = truth
+                vtruth = block(ground_truth(vq if n_new else q, *vsets[0], scale, k_scale=ks,
+                                            v_scale=vs))
+            elif n_new:
                 vtruth = block(ground_truth(vq, *sets[0], scale))
             elif feat == "cap":
                 kwargs = dict(soft_cap=args.soft_cap)
@@ -736,7 +742,7 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
         res["impls"][vname] = measure(
             vname, jax_paged_step(jp, impl, scale, args.partition_size, **kwargs), vsets,
             extra, truth=vtruth, ref_out=None, kv_bytes=vbytes,
-            q=vq if feat.startswith("q") else q)
+            q=vq if vq is not None else q)
     del fp8_sets
 
     # Pallas GPU kernel on the same data, converted once outside timing
@@ -1058,6 +1064,9 @@ def parse_args(argv=None):
     p.add_argument("--q-len", action="append", type=int, default=[], metavar="N",
                    help="also run the --variant-impls with N new query tokens per sequence "
                         "(causal among them; TB/s counts the same KV bytes) (repeatable)")
+    p.add_argument("--fp8-q-len", action="append", type=int, default=[], metavar="N",
+                   help="also run the --variant-impls on the --fp8 caches with N new query tokens "
+                        "per sequence (repeatable)")
     p.add_argument("--variant-impls", default="auto",
                    help="comma-separated impls the --fp8 / --soft-cap / --window / --q-len rows "
                         "run (default: auto)")
@@ -1094,6 +1103,10 @@ def parse_args(argv=None):
         p.error("--window must be at least 1")
     if any(n < 2 for n in args.q_len):
         p.error(f"--q-len must be at least 2 (1 is the decode step itself), got {args.q_len}")
+    if any(n < 2 for n in args.fp8_q_len):
+        p.error(f"--fp8-q-len must be at least 2 (1 is the decode step itself), got {args.fp8_q_len}")
+    if args.fp8_q_len and not args.fp8:
+        p.error("--fp8-q-len needs --fp8 (the fp8 formats to run it on)")
     return p, args
 
 

@@ -128,6 +128,12 @@ def test_ground_truth_with_multi_token_queries():
                                                     ("auto+q16", "auto", "q16")]
     with pytest.raises(SystemExit):
         bench.parse_args(["--q-len", "1"])
+    # fp8 caches with multi-token queries: one row per format and length, after the others.
+    _, args = bench.parse_args(["--fp8", "e4m3", "--fp8", "e5m2", "--fp8-q-len", "16", "--no-pallas"])
+    assert [v[2] for v in bench.variant_list(args)] == ["fp8e4m3", "fp8e5m2", "fp8e4m3q16",
+                                                        "fp8e5m2q16"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--fp8-q-len", "16"])  # (no --fp8)
 
 
 def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch):

@@ -975,6 +975,27 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
 
 
 @requires_gpu
+@pytest.mark.parametrize("cache_dtype,query_dtype", [(jnp.float8_e4m3fn, jnp.bfloat16),
+                                                     (jnp.float8_e5m2, jnp.float16)])
+@pytest.mark.parametrize("head_size,block_size", [(128, 16), (64, 8), (96, 32), (112, 16)])
+def test_gpu_fp8_row_split_64_rows(cache_dtype, query_dtype, head_size, block_size):
+    """fp8 caches with 64 (q_len 16) and 48 (q_len 12) query rows per KV head, at edge
+    lengths, NaN in every unused slot, per-KV-head scales: a build with
+    JAX_PAGED_FP8_ROW_SPLIT runs them as one 64-row CTA (the fp8 loads and widening in
+    the row split's four-slice passes), else as 16-row CTAs. Plain, with LSE and a soft
+    cap, with a window."""
+    rng = np.random.default_rng(head_size * block_size + 7)
+    lens = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
+    scales = dict(k_scale=_scales("per_head", 8, rng), v_scale=np.float32(0.8))
+    for q_len in (16, 12):
+        inp = make_inputs(rng, lens, 32, 8, head_size, block_size, cache_dtype,
+                          query_dtype=query_dtype, q_len=q_len)
+        compare("gpu", inp, "grouped", **scales)
+        compare("gpu", inp, "grouped", return_lse=True, soft_cap=10.0, **scales)
+        compare("gpu", inp, "grouped", sliding_window=100, **scales)
+
+
+@requires_gpu
 @pytest.mark.parametrize("block_size,head_size", [(8, 128), (16, 128), (32, 128), (16, 256)])
 @pytest.mark.parametrize("slope_scale", [0.004, 0.03, 0.3])
 def test_gpu_row_split_lazy_rescale_growing_maxima(block_size, head_size, slope_scale):

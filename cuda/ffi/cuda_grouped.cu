@@ -183,6 +183,9 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_WIDE_ROW_SPLIT
          "WIDE_ROW_SPLIT "
 #endif
+#ifdef JAX_PAGED_FP8_ROW_SPLIT
+         "FP8_ROW_SPLIT "
+#endif
       ;
 }
 

@@ -573,7 +573,7 @@ __global__ void __launch_bounds__(
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
     float amax = 0.0f;
-    for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {
+    for (int i = tid; i < C::kRows * kPairs; i += kThreads) {
       const int r = i / kPairs;
       const int lp = i - r * kPairs;
       const int j = lp & 7;
@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(
         (void)frexpf(amax, &e);  // amax < 2^e
         q_scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
       }
-      for (int i = tid; i < kMaxRows * kPairs; i += kThreads) {  // this thread's own pairs
+      for (int i = tid; i < C::kRows * kPairs; i += kThreads) {  // this thread's own pairs
         const int r = i / kPairs;
         const int idx = (r * C::kQStride) / 2 + (i - r * kPairs);
         const uint32_t v = q_pairs[idx];
@@ -802,7 +802,7 @@ __global__ void __launch_bounds__(
     k_off_h[h] = k_off;
     k_tail_off_h[h] = k_tail_off;
     v_off_h[h] = v_off;
-    if constexpr (kRowSplit) {
+    if constexpr (kRowSplit && !kFp8) {
       const int st = kSubStride * h;
       const uint32_t page_shift = static_cast<uint32_t>((st >> log2_bs) * page_elems);
       const uint32_t tok_shift = static_cast<uint32_t>(st & (BS - 1));
@@ -1045,8 +1045,13 @@ __global__ void __launch_bounds__(
       } else if constexpr (kFp8) {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t a[4];
-          Ldsm4(a, q_addr + ks * 32);  // shared by the sub-slices
+          uint32_t a[4];  // shared by the sub-slices
+          if constexpr (C::kQInRegs) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = qa[ks][i];
+          } else {
+            Ldsm4(a, q_addr + ks * 32);
+          }
 #pragma unroll
           for (int h = 0; h < kSub; ++h)
 #pragma unroll

@@ -47,6 +47,15 @@ constexpr bool kWideRowSplit = false;
 #endif
 // The wide row split's head sizes (kWideRowSplit): above 128.
 constexpr bool WideRowSplitHead(int d) { return d > 128; }
+// Development option (nineteenth session, CMake JAX_PAGED_FP8_ROW_SPLIT): the row
+// split for fp8 caches too (64-row CTAs at head sizes up to 128, the decode
+// kernels' fp8 loads and widening in the row split's passes), instead of 16-row
+// CTAs that each read the KV head's pages.
+#ifdef JAX_PAGED_FP8_ROW_SPLIT
+constexpr bool kFp8RowSplit = true;
+#else
+constexpr bool kFp8RowSplit = false;
+#endif
 
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
@@ -71,6 +80,7 @@ struct GroupedConfig {
   static_assert(CELEM == QELEM || (kFp8 && kMma), "fp8 caches need a 16-bit query");
   static_assert(!kFp8 || D % 16 == 0, "fp8 caches need head_size % 16 == 0");
   static constexpr int kQX = 16 / QELEM;  // query elements per 16-byte chunk
+  static constexpr bool kRowSplit = kRowBlocks > 1;
   // Each warp owns a 16-token slice of a tile; for large heads with 16-bit
   // caches two warps share a slice (both compute its 16x16 logits, each does
   // half of P.V), so that the tile, the accumulators and the registers stay
@@ -90,7 +100,8 @@ struct GroupedConfig {
   // (The same 32-token slices for fp8 head sizes 80-128, with 32 KB stages at two
   // CTAs per SM, measured no faster at B=1 L=32768 and 2-14% slower on large fp8
   // batches: H200, eleventh session.)
-  static constexpr int kSubSlices = kFp8 && D <= 64 ? 2 : 1;
+  // (The fp8 row split: its four 16-token slices per pass instead.)
+  static constexpr int kSubSlices = kFp8 && D <= 64 && !kRowSplit ? 2 : 1;
   // The wide row split (head sizes above 128, 64 rows): each warp walks 2 slices
   // per tile, not 4, so that a stage stays at 32 KB (32 tokens) at head 256.
   static constexpr bool kWide = kRowBlocks > 1 && WideRowSplitHead(D);
@@ -103,9 +114,8 @@ struct GroupedConfig {
   static constexpr int kTileElems = kTile * D;  // elements of K (or of V) in one stage
   static constexpr int kStageBytes = 2 * kTileElems * CELEM;
   static_assert(kRowBlocks == 1 || kRowBlocks == 2 || kRowBlocks == 4, "1, 2 or 4 row blocks");
-  static_assert(kRowBlocks == 1 || (kMma && !kFp8 && kWarpsPerSlice == 1),
-                "the row split is for 16-bit caches, one warp per slice");
-  static constexpr bool kRowSplit = kRowBlocks > 1;
+  static_assert(kRowBlocks == 1 || (kMma && kWarpsPerSlice == 1 && (!kFp8 || kRowBlocks == 4)),
+                "the row split is for 16-bit queries, one warp per slice (fp8 caches: 64 rows)");
   // Query rows per CTA; warps per row block (each computing its own token slices);
   // token slices each warp computes per tile (one pass); slice partials the epilogue merges
   // per row (one per warp of a row block).
@@ -144,7 +154,10 @@ struct GroupedConfig {
   // larger query buffer (1 KB per CTA reserved, 512 bytes of masks, barriers,
   // release counters and table entries):
   // three 32 KB stages at two CTAs per SM for D = 128 even with 64 rows.
-  static constexpr int kTargetCtasPerSm = kStageBytes <= 16 * 1024 ? 4 : 2;
+  // (The fp8 row split above head size 64 holds the 16-bit one's registers, ~220 per
+  // thread, in stages of 16 KB: two CTAs per SM.)
+  static constexpr int kTargetCtasPerSm =
+      kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64) ? 4 : 2;
   static constexpr int kStageBudget =
       kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
                 : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
@@ -197,7 +210,8 @@ static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>
 // sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128, and
 // above with kWideRowSplit.
 constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
-  return qelem == 2 && celem == 2 && (!WideRowSplitHead(d) || kWideRowSplit);
+  return qelem == 2 && (celem == 2 ? !WideRowSplitHead(d) || kWideRowSplit
+                                   : celem == 1 && kFp8RowSplit && !WideRowSplitHead(d));
 }
 
 // Whether the row split's 64-row CTAs can run on the tensor cores' warpgroup
@@ -208,7 +222,8 @@ constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
 // kernel measured slower than mma.sync there, H200: 204.1 against 185.5 us at
 // 64 x 32 x 8 x 4096, q_len 16.)
 constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
-  return RowSplitAvailable(qelem, celem, d) && d % 16 == 0 && d > 64 && !WideRowSplitHead(d);
+  return RowSplitAvailable(qelem, celem, d) && celem == 2 && d % 16 == 0 && d > 64 &&
+         !WideRowSplitHead(d);
 }
 
 // The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read
@@ -253,8 +268,8 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   if (!RowSplitAvailable(qelem, celem, d) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
     return 1;
-  // (The wide row split has 64-row CTAs only.)
-  return rows_per_kv_head <= 2 * kMaxRows && !WideRowSplitHead(d) ? 2 : 4;
+  // (The wide and the fp8 row splits have 64-row CTAs only.)
+  return rows_per_kv_head <= 2 * kMaxRows && !WideRowSplitHead(d) && celem == 2 ? 2 : 4;
 }
 
 // f(std::integral_constant<int, RowBlocks(...)>{}) for a kernel of these element
@@ -267,7 +282,7 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
     switch (RowBlocks(QELEM, CELEM, D, q_len, rows_per_kv_head)) {
       case 4: return f(std::integral_constant<int, 4>{});
       case 2:
-        if constexpr (!WideRowSplitHead(D)) return f(std::integral_constant<int, 2>{});
+        if constexpr (!WideRowSplitHead(D) && CELEM == 2) return f(std::integral_constant<int, 2>{});
         break;
       default: break;
     }

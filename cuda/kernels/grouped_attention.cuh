@@ -33,7 +33,8 @@
 //     accumulation. fp8 caches: the same in f16 (see below).
 //   * f32: the same fragment layout computed with fp32 FMAs (CUDA cores).
 // Row split (multi-token queries, 16-bit caches, D <= 128, or 192 and 256 in a
-// JAX_PAGED_WIDE_ROW_SPLIT build; see RowBlocks in
+// JAX_PAGED_WIDE_ROW_SPLIT build, and fp8 caches in a JAX_PAGED_FP8_ROW_SPLIT
+// one; see RowBlocks in
 // grouped_launch.h): a KV head with more than 16 query rows takes CTAs of 32 or 64 rows
 // instead of 16 (two or four row blocks), the warps split over row blocks and,
 // with two, over pairs of slices; each warp holds its 16 query rows in

@@ -66,7 +66,7 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // caches, which need QELEM == 2: they are widened to f16 in registers,
 // exactly, for the f16 tensor cores). D: head size.
 // kRowBlocks (1, 2 or 4; more than 1 only for 16-bit caches, D <= 128 or with
-// kWideRowSplit 4 at D 192 / 256, see
+// kWideRowSplit 4 at D 192 / 256, and with kFp8RowSplit 4 for fp8 caches, see
 // RowBlocks): blocks of 16 query rows per CTA.
 // With kRowBlocks > 1 the warps split over rows as well as tokens: warp w owns
 // row block w / kSliceGroups and computes every kSliceGroups-th token slice of
@@ -208,7 +208,7 @@ static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>
 
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
 // sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128, and
-// above with kWideRowSplit.
+// above with kWideRowSplit; fp8 caches (16-bit query) up to 128 with kFp8RowSplit.
 constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
   return qelem == 2 && (celem == 2 ? !WideRowSplitHead(d) || kWideRowSplit
                                    : celem == 1 && kFp8RowSplit && !WideRowSplitHead(d));

@@ -205,6 +205,12 @@ static_assert(GroupedConfig<2, 2, 64, 4>::kStages == 3 && GroupedConfig<2, 2, 64
 static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 2, 64>::kCtasPerSm == 4 && GroupedConfig<2, 1, 128>::kCtasPerSm == 4,
               "decode kernels: stages and CTAs per SM");
+static_assert(GroupedConfig<2, 2, 256, 4>::kTile == 32 && GroupedConfig<2, 2, 256, 4>::kStages == 2 &&
+                  GroupedConfig<2, 2, 256, 4>::kCtasPerSm == 2 && GroupedConfig<2, 2, 192, 4>::kStages == 3,
+              "the wide row split (BENCHMARKS.md, nineteenth session)");
+static_assert(GroupedConfig<2, 1, 128, 4>::kStages == 6 && GroupedConfig<2, 1, 128, 4>::kCtasPerSm == 2 &&
+                  GroupedConfig<2, 1, 64, 4>::kStages == 6 && GroupedConfig<2, 1, 64, 4>::kCtasPerSm == 4,
+              "the fp8 row split (BENCHMARKS.md, nineteenth session)");
 
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
 // sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128, and

@@ -56,6 +56,10 @@ constexpr bool kFp8RowSplit = true;
 #else
 constexpr bool kFp8RowSplit = false;
 #endif
+// Whether the row split has 32-row CTAs (two row blocks) besides 64-row ones for
+// caches of celem bytes at head size d: 16-bit caches at head sizes up to 128
+// (the wide and the fp8 row splits have 64-row CTAs only).
+constexpr bool TwoRowBlocksAvailable(int celem, int d) { return celem == 2 && !WideRowSplitHead(d); }
 
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
@@ -105,7 +109,6 @@ struct GroupedConfig {
   // The wide row split (head sizes above 128, 64 rows): each warp walks 2 slices
   // per tile, not 4, so that a stage stays at 32 KB (32 tokens) at head 256.
   static constexpr bool kWide = kRowBlocks > 1 && WideRowSplitHead(D);
-  static_assert(!kWide || kRowBlocks == 4, "the wide row split: 64-row CTAs only");
   static constexpr int kTile = 16 * kSlices * kSubSlices / (kWide ? 2 : 1);  // tokens per stage (32..128)
   static constexpr int kDimsPerWarp = D / kWarpsPerSlice;
   static constexpr int kNTiles = kDimsPerWarp / 8;  // P.V n-tiles (8 dims) per warp
@@ -114,8 +117,8 @@ struct GroupedConfig {
   static constexpr int kTileElems = kTile * D;  // elements of K (or of V) in one stage
   static constexpr int kStageBytes = 2 * kTileElems * CELEM;
   static_assert(kRowBlocks == 1 || kRowBlocks == 2 || kRowBlocks == 4, "1, 2 or 4 row blocks");
-  static_assert(kRowBlocks == 1 || (kMma && kWarpsPerSlice == 1 && (!kFp8 || kRowBlocks == 4)),
-                "the row split is for 16-bit queries, one warp per slice (fp8 caches: 64 rows)");
+  static_assert(kRowBlocks == 1 || (kMma && kWarpsPerSlice == 1), "the row split: 16-bit queries");
+  static_assert(kRowBlocks != 2 || TwoRowBlocksAvailable(CELEM, D), "no 32-row CTAs here");
   // Query rows per CTA; warps per row block (each computing its own token slices);
   // token slices each warp computes per tile (one pass); slice partials the epilogue merges
   // per row (one per warp of a row block).
@@ -228,8 +231,8 @@ constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
 // kernel measured slower than mma.sync there, H200: 204.1 against 185.5 us at
 // 64 x 32 x 8 x 4096, q_len 16.)
 constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
-  return RowSplitAvailable(qelem, celem, d) && celem == 2 && d % 16 == 0 && d > 64 &&
-         !WideRowSplitHead(d);
+  return RowSplitAvailable(qelem, celem, d) && TwoRowBlocksAvailable(celem, d) && d % 16 == 0 &&
+         d > 64;
 }
 
 // The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read
@@ -274,8 +277,7 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   if (!RowSplitAvailable(qelem, celem, d) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
     return 1;
-  // (The wide and the fp8 row splits have 64-row CTAs only.)
-  return rows_per_kv_head <= 2 * kMaxRows && !WideRowSplitHead(d) && celem == 2 ? 2 : 4;
+  return rows_per_kv_head <= 2 * kMaxRows && TwoRowBlocksAvailable(celem, d) ? 2 : 4;
 }
 
 // f(std::integral_constant<int, RowBlocks(...)>{}) for a kernel of these element
@@ -288,7 +290,7 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
     switch (RowBlocks(QELEM, CELEM, D, q_len, rows_per_kv_head)) {
       case 4: return f(std::integral_constant<int, 4>{});
       case 2:
-        if constexpr (!WideRowSplitHead(D) && CELEM == 2) return f(std::integral_constant<int, 2>{});
+        if constexpr (TwoRowBlocksAvailable(CELEM, D)) return f(std::integral_constant<int, 2>{});
         break;
       default: break;
     }

@@ -961,8 +961,8 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
     else 16-row CTAs), at
     edge lengths (block and 64-token tile boundaries, 512-token partitions), with
     NaN in every unused cache slot; plain (the wholly valid passes), with LSE and
-    a soft cap, with a window, and with 48 rows (a last row block a quarter full,
-    q_len 12). With JAX_PAGED_WGMMA=1 on an H100 / H200 (head sizes 80-128) this
+    a soft cap, with a window, and with 48 rows (three row blocks, the fourth
+    warp's rows empty: q_len 12). With JAX_PAGED_WGMMA=1 on an H100 / H200 (head sizes 80-128) this
     checks the experimental wgmma kernel: V's layouts (8-token pages as stored,
     16 and 32 swizzled in place), P.V in products of 64 + 32 + 16 columns."""
     rng = np.random.default_rng(head_size * block_size)
@@ -983,7 +983,8 @@ def test_gpu_fp8_row_split_64_rows(cache_dtype, query_dtype, head_size, block_si
     lengths, NaN in every unused slot, per-KV-head scales: a build with
     JAX_PAGED_FP8_ROW_SPLIT runs them as one 64-row CTA (the fp8 loads and widening in
     the row split's four-slice passes), else as 16-row CTAs. Plain, with LSE and a soft
-    cap, with a window."""
+    cap, with a window. Then 40 query heads over 8 KV heads at q_len 16: 80 rows
+    per KV head, two CTAs of 40 rows each (a row block half full, one empty)."""
     rng = np.random.default_rng(head_size * block_size + 7)
     lens = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
     scales = dict(k_scale=_scales("per_head", 8, rng), v_scale=np.float32(0.8))
@@ -993,6 +994,9 @@ def test_gpu_fp8_row_split_64_rows(cache_dtype, query_dtype, head_size, block_si
         compare("gpu", inp, "grouped", **scales)
         compare("gpu", inp, "grouped", return_lse=True, soft_cap=10.0, **scales)
         compare("gpu", inp, "grouped", sliding_window=100, **scales)
+    inp = make_inputs(rng, lens, 40, 8, head_size, block_size, cache_dtype,
+                      query_dtype=query_dtype, q_len=16)
+    compare("gpu", inp, "grouped", return_lse=True, **scales)
 
 
 @requires_gpu
@@ -1125,12 +1129,21 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     # A decode step keeps 16-row CTAs, even with 32 query heads per KV head.
     mqa = _shapes.AttentionDims(**{**dims.__dict__, "num_kv_heads": 1})
     assert primitives.grouped_rows_per_cta(mqa, jnp.bfloat16) == 16
-    # Not for fp8 or f32 caches, nor for head sizes above 128.
+    # Not for f32 queries; for fp8 caches and head sizes above 128 only in builds
+    # with the development options JAX_PAGED_FP8_ROW_SPLIT / JAX_PAGED_WIDE_ROW_SPLIT
+    # (64-row CTAs only: no 32-row form there).
+    options = jax_paged._native.cuda_development_options()
     fp8_16 = _shapes.AttentionDims(**{**dims16.__dict__, "cache_dtype": np.dtype(jnp.float8_e4m3fn)})
-    assert primitives.grouped_rows_per_cta(fp8_16, jnp.bfloat16) == 16
+    fp8_8 = _shapes.AttentionDims(**{**dims8.__dict__, "cache_dtype": np.dtype(jnp.float8_e4m3fn)})
+    fp8_rows = 64 if row_split and "FP8_ROW_SPLIT" in options else 16
+    assert primitives.grouped_rows_per_cta(fp8_16, jnp.bfloat16) == fp8_rows
+    assert primitives.grouped_rows_per_cta(fp8_8, jnp.bfloat16) == fp8_rows
     assert primitives.grouped_rows_per_cta(dims16, jnp.float32) == 16
-    assert primitives.grouped_rows_per_cta(
-        _shapes.AttentionDims(**{**dims16.__dict__, "head_size": 256}), jnp.bfloat16) == 16
+    wide_rows = 64 if row_split and "WIDE_ROW_SPLIT" in options else 16
+    for head_size in (192, 256):
+        assert primitives.grouped_rows_per_cta(
+            _shapes.AttentionDims(**{**dims16.__dict__, "head_size": head_size}),
+            jnp.bfloat16) == wide_rows
 
 
 def test_row_split_switch_is_read_by_the_layout():

@@ -1752,8 +1752,9 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device)
 // The kernel for a call: the row split, a CTA of 32 or 64 rows (RowBlocks), for
 // multi-token queries with more than 16 query rows per KV head (q_len * group),
 // which would otherwise take several 16-row CTAs that each read the KV head's
-// pages; else SelectGroupedKernelOf's 16-row kernel. (Only 16-bit caches at head
-// sizes <= 128 instantiate the row-split kernels.)
+// pages; else SelectGroupedKernelOf's 16-row kernel. (Only where RowSplitAvailable
+// are row-split kernels instantiated: 16-bit caches at head sizes <= 128, and
+// larger heads or fp8 caches in builds with the development options.)
 template <typename T, typename TC, int D>
 GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p, int device) {
   return WithRowBlocks<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(

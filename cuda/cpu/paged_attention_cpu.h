@@ -8,8 +8,10 @@
 //   p_t = exp(logit_t - max) / (sum + 1e-6); out = v_scale * sum_t p_t v_t
 //   lse = max + log(sum + 1e-6) (-inf when nothing is attended)
 // One work item is a (sequence, KV head[, partition]): the group's query
-// heads and the q_len query positions share every K/V read. Accumulation is
-// fp32 for all dtypes; fp8 caches are decoded through a 256-entry table.
+// heads and the q_len query positions share every K/V read, converted to fp32
+// once per 64-token chunk and consumed by an online softmax (AttendRows), the
+// products on fp32 tiles (cpu_tiles.h). Accumulation is fp32 for all dtypes;
+// fp8 caches are decoded through a 256-entry table.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 
 #include "../kernels/params.h"
 #include "cpu_scalar.h"
+#include "cpu_tiles.h"
 #include "parallel.h"
 
 namespace jax_paged {
@@ -36,16 +39,36 @@ struct RowSpan {
   int lo, hi, pos;
 };
 
+// Scratch of one work item (AttendRows): the rows' queries and accumulators
+// padded to kRowTile rows of a multiple of kDimTile floats, and one chunk of
+// K (dim-major) and V (token-major) in fp32.
+struct RowsScratch {
+  std::vector<float> q, acc, kd, vt, s;
+  std::vector<uint8_t> ok;  // per chunk token: its block is valid and it is read
+};
+
+constexpr int RoundUpTo(int v, int m) { return (v + m - 1) / m * m; }
+
 // Attention of one work item over its rows. Outputs, per row r: m[r] the max
 // logit (-FLT_MAX if no token is valid), sum[r] the sum of exp(logit - m),
 // acc[r*D + d] the unnormalised sum of exp(logit - m) * v (v not yet
 // multiplied by v_scale). TC is the cache's storage type (the query's, or
 // fp8); `qk_scale` = scale * k_scale of this KV head.
+//
+// One pass over the union of the rows' ranges in chunks of kChunk tokens
+// (whole blocks): each chunk's K and V are converted to fp32 once, then every
+// tile of kRowTile rows takes its logits (LogitsTile), folds them into its
+// running max / sum (online softmax: the accumulators are rescaled when the
+// max rises, so the result is the two-pass softmax's with the row's global
+// max) and adds P.V (ValuesTile). Memory stays O(rows * head_size) however
+// long the sequence. Only tokens inside the union and in valid blocks are
+// read; all others are zero in the chunk and get probability 0, so NaN in
+// unused slots cannot leak in.
 template <typename TC>
 void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* rows, int R,
                 float qk_scale, const float* slopes /* [R] or nullptr */,
-                const float* q /* [R, D], converted */, std::vector<float>& logits, float* acc,
-                float* m, float* sum) {
+                const float* q /* [R, D], converted */, RowsScratch& w, float* acc, float* m,
+                float* sum) {
   const int D = p.head_size, B = p.block_size;
   constexpr int x = 16 / static_cast<int>(sizeof(TC));
   std::fill(acc, acc + static_cast<size_t>(R) * D, 0.0f);
@@ -59,87 +82,110 @@ void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* ro
     }
   }
   if (t1 <= t0) return;
-  const int n = t1 - t0;
-  logits.assign(static_cast<size_t>(R) * n, -INFINITY);
+
+  const int Dp = RoundUpTo(D, kDimTile), Rp = RoundUpTo(R, kRowTile);
+  w.q.assign(static_cast<size_t>(Rp) * Dp, 0.0f);
+  for (int r = 0; r < R; ++r)
+    std::copy(q + static_cast<size_t>(r) * D, q + static_cast<size_t>(r + 1) * D,
+              w.q.begin() + static_cast<size_t>(r) * Dp);
+  w.acc.assign(static_cast<size_t>(Rp) * Dp, 0.0f);
+  w.kd.assign(static_cast<size_t>(D) * kChunk, 0.0f);
+  w.vt.assign(static_cast<size_t>(kChunk) * Dp, 0.0f);  // padding dims stay 0
+  w.s.assign(static_cast<size_t>(kRowTile) * kChunk, 0.0f);
+  w.ok.assign(kChunk, 0);
+  float* kd = w.kd.data();
+  float* vt = w.vt.data();
+  float* sc = w.s.data();
 
   const TC* kc = static_cast<const TC*>(p.key_cache);
   const TC* vc = static_cast<const TC*>(p.value_cache);
   const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
   const int64_t block_stride = static_cast<int64_t>(p.num_kv_heads) * D * B;
-  // One block of K (as stored: [D/x][B][x]) and of V (transposed to [B][D])
-  // in fp32, converted once and shared by the item's rows; the inner loops
-  // then run over contiguous floats and vectorise. Only the union's tokens
-  // of a block are converted: blocks wholly outside it are never read.
-  std::vector<float> kf(static_cast<size_t>(D) * B), vt(static_cast<size_t>(D) * B);
-  std::vector<float> partial(static_cast<size_t>(B) * x);
   const bool cap = p.soft_cap > 0.0f;
   const float inv_cap = cap ? 1.0f / p.soft_cap : 0.0f;
 
-  // Pass 1: logits and running max.
-  for (int j = t0 / B; j <= (t1 - 1) / B; ++j) {
-    const int64_t block = table[j];
-    if (block < 0 || block >= p.num_blocks) continue;  // masked: stays -inf
-    const int off0 = std::max(t0, j * B) - j * B;
-    const int off1 = std::min(t1, (j + 1) * B) - j * B;
-    const TC* kb = kc + block * block_stride + static_cast<int64_t>(kvh) * D * B;
-    for (int c = 0; c < D / x; ++c)
-      for (int e = off0 * x; e < off1 * x; ++e)
-        kf[static_cast<size_t>(c) * B * x + e] = ToFloat(kb[static_cast<int64_t>(c) * B * x + e]);
-    for (int r = 0; r < R; ++r) {
-      const int a = std::max(rows[r].lo, j * B + off0) - j * B;
-      const int b = std::min(rows[r].hi, j * B + off1) - j * B;
-      if (a >= b) continue;
-      std::fill(partial.begin(), partial.end(), 0.0f);
-      for (int c = 0; c < D / x; ++c) {
-        const float* qc = q + static_cast<size_t>(r) * D + c * x;
-        const float* kcf = kf.data() + static_cast<size_t>(c) * B * x;
-        for (int off = a; off < b; ++off)
-          for (int i = 0; i < x; ++i) partial[off * x + i] += qc[i] * kcf[off * x + i];
-      }
+  for (int c0 = t0 / kChunk * kChunk; c0 < t1; c0 += kChunk) {
+    const int lo = std::max(t0, c0) - c0, hi = std::min(t1, c0 + kChunk) - c0;  // chunk coords
+    // The chunk's K and V in fp32; tokens not read (outside the union, or in
+    // a block whose id is out of range: masked) are zero.
+    std::fill(w.ok.begin(), w.ok.end(), 0);
+    for (int j = (c0 + lo) / B; j <= (c0 + hi - 1) / B; ++j) {
+      const int64_t block = table[j];
+      if (block < 0 || block >= p.num_blocks) continue;
+      const int base = j * B - c0;  // chunk coordinate of the block's first token
+      const int a = std::max(lo, base) - base, b = std::min(hi, base + B) - base;
+      const TC* kb = kc + block * block_stride + static_cast<int64_t>(kvh) * D * B;
+      const TC* vb = vc + block * block_stride + static_cast<int64_t>(kvh) * D * B;
+      for (int c = 0; c < D / x; ++c)
+        for (int i = 0; i < x; ++i) {
+          float* dst = kd + static_cast<size_t>(c * x + i) * kChunk + base;
+          const TC* src = kb + static_cast<int64_t>(c) * B * x + i;
+          for (int off = a; off < b; ++off) dst[off] = ToFloat(src[off * x]);
+        }
       for (int off = a; off < b; ++off) {
-        float dot = 0.0f;
-        for (int i = 0; i < x; ++i) dot += partial[off * x + i];
-        const int t = j * B + off;
-        float logit = qk_scale * dot;
-        if (slopes) logit += slopes[r] * static_cast<float>(t - rows[r].pos);
-        if (cap) logit = p.soft_cap * std::tanh(logit * inv_cap);
-        logits[static_cast<size_t>(r) * n + (t - t0)] = logit;
-        m[r] = std::max(m[r], logit);
+        float* dst = vt + static_cast<size_t>(base + off) * Dp;
+        for (int d = 0; d < D; ++d) dst[d] = ToFloat(vb[static_cast<int64_t>(d) * B + off]);
+        w.ok[base + off] = 1;
       }
     }
-  }
-  // Pass 2: exp and sum (masked tokens are -inf and give exactly 0).
-  for (int r = 0; r < R; ++r) {
-    float* lg = logits.data() + static_cast<size_t>(r) * n;
-    for (int i = 0; i < n; ++i) {
-      lg[i] = std::exp(lg[i] - m[r]);
-      sum[r] += lg[i];
-    }
-  }
-  // Pass 3: P.V over each row's own tokens only (the stale tail of the last
-  // block and tokens outside a window are never read, so NaN there cannot
-  // leak in).
-  for (int j = t0 / B; j <= (t1 - 1) / B; ++j) {
-    const int64_t block = table[j];
-    if (block < 0 || block >= p.num_blocks) continue;
-    const int off0 = std::max(t0, j * B) - j * B;
-    const int off1 = std::min(t1, (j + 1) * B) - j * B;
-    const TC* vb = vc + block * block_stride + static_cast<int64_t>(kvh) * D * B;
-    for (int d = 0; d < D; ++d)
-      for (int off = off0; off < off1; ++off)
-        vt[static_cast<size_t>(off) * D + d] = ToFloat(vb[static_cast<int64_t>(d) * B + off]);
-    for (int r = 0; r < R; ++r) {
-      const int a = std::max(rows[r].lo, j * B + off0) - j * B;
-      const int b = std::min(rows[r].hi, j * B + off1) - j * B;
-      const float* pr = logits.data() + static_cast<size_t>(r) * n + (j * B - t0);
-      float* ar = acc + static_cast<size_t>(r) * D;
-      for (int off = a; off < b; ++off) {
-        const float pv = pr[off];
-        const float* row = vt.data() + static_cast<size_t>(off) * D;
-        for (int d = 0; d < D; ++d) ar[d] += pv * row[d];
+    for (int t = lo; t < hi; ++t)
+      if (!w.ok[t]) {
+        for (int d = 0; d < D; ++d) kd[static_cast<size_t>(d) * kChunk + t] = 0.0f;
+        std::fill(vt + static_cast<size_t>(t) * Dp, vt + static_cast<size_t>(t + 1) * Dp, 0.0f);
       }
+
+    for (int r0 = 0; r0 < R; r0 += kRowTile) {
+      // The tile's tokens in this chunk: the union of its rows' ranges.
+      int tlo = kChunk, thi = 0;
+      for (int r = r0; r < std::min(R, r0 + kRowTile); ++r) {
+        const int a = std::max(rows[r].lo - c0, lo), b = std::min(rows[r].hi - c0, hi);
+        if (a < b) {
+          tlo = std::min(tlo, a);
+          thi = std::max(thi, b);
+        }
+      }
+      if (tlo >= thi) continue;
+      const int tb0 = tlo / kTokTile * kTokTile, tb1 = RoundUpTo(thi, kTokTile);
+      LogitsTile(w.q.data() + static_cast<size_t>(r0) * Dp, Dp, kd, D, tb0, tb1, sc);
+      for (int i = 0; i < kRowTile; ++i) {
+        const int r = r0 + i;
+        float* pr = sc + i * kChunk;
+        const int a = r < R ? std::max(rows[r].lo - c0, lo) : 0;
+        const int b = r < R ? std::min(rows[r].hi - c0, hi) : 0;
+        // Logits of the row's valid tokens, -inf for masked ones; the
+        // tile's other tokens get probability 0.
+        float cmax = -INFINITY;
+        for (int t = tlo; t < thi; ++t) {
+          if (t < a || t >= b) {
+            pr[t] = 0.0f;
+            continue;
+          }
+          if (!w.ok[t]) {
+            pr[t] = -INFINITY;
+            continue;
+          }
+          float logit = qk_scale * pr[t];
+          if (slopes) logit += slopes[r] * static_cast<float>(c0 + t - rows[r].pos);
+          if (cap) logit = p.soft_cap * std::tanh(logit * inv_cap);
+          pr[t] = logit;
+          cmax = std::max(cmax, logit);
+        }
+        if (a >= b) continue;
+        if (cmax > m[r]) {  // the running max rises: rescale what is summed so far
+          const float factor = std::exp(m[r] - cmax);
+          sum[r] *= factor;
+          float* ar = w.acc.data() + static_cast<size_t>(r) * Dp;
+          for (int d = 0; d < Dp; ++d) ar[d] *= factor;
+          m[r] = cmax;
+        }
+        sum[r] += ExpShiftedSum(pr, a, b, m[r]);  // masked tokens: exp(-inf) = 0
+      }
+      ValuesTile(sc, vt, Dp, Dp, tlo, thi, w.acc.data() + static_cast<size_t>(r0) * Dp);
     }
   }
+  for (int r = 0; r < R; ++r)
+    std::copy(w.acc.begin() + static_cast<size_t>(r) * Dp,
+              w.acc.begin() + static_cast<size_t>(r) * Dp + D, acc + static_cast<size_t>(r) * D);
 }
 
 // Rows of work item (s, kvh): r = qi * G + g is query head kvh * G + g at
@@ -182,7 +228,8 @@ inline float LogSumExp(float m, float sum) {
 
 // Per-work-item scratch: the R = q_len * G query rows of one KV head.
 struct ItemBuffers {
-  std::vector<float> q, acc, m, sum, slopes, logits;
+  std::vector<float> q, acc, m, sum, slopes;
+  RowsScratch scratch;
   ItemBuffers(int R, int D)
       : q(static_cast<size_t>(R) * D), acc(static_cast<size_t>(R) * D), m(R), sum(R),
         slopes(R) {}
@@ -200,7 +247,7 @@ float AttendItem(const PagedAttentionParams& p, int s, int kvh, const RowSpan* r
   LoadQueryRows<T>(p, s, kvh, b.q.data());
   const float qk_scale = p.scale * ScaleOf(p.k_scale, p.k_scale_stride, kvh);
   AttendRows<TC>(p, s, kvh, rows, R, qk_scale, p.alibi_slopes ? b.slopes.data() : nullptr,
-                 b.q.data(), b.logits, b.acc.data(), b.m.data(), b.sum.data());
+                 b.q.data(), b.scratch, b.acc.data(), b.m.data(), b.sum.data());
   return ScaleOf(p.v_scale, p.v_scale_stride, kvh);
 }
 

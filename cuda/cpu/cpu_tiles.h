@@ -35,6 +35,14 @@ constexpr int kDimTile = 16;
 #else
 #define JAX_PAGED_CPU_CLONES
 #endif
+// Inlined into each clone (compiled for the clone's instruction set).
+#if defined(__GNUC__) || defined(__clang__)
+#define JAX_PAGED_CPU_INLINE inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define JAX_PAGED_CPU_INLINE __forceinline
+#else
+#define JAX_PAGED_CPU_INLINE inline
+#endif
 
 // s[r][t] = sum_{d < dims} q[r][d] * kd[d][t] for r < kRowTile, t in [t0, t1)
 // (multiples of kTokTile, at most kChunk). q: [kRowTile][q_stride], kd:
@@ -102,7 +110,7 @@ static void ValuesTile(const float* __restrict p, const float* __restrict vt, in
 // n ln2 + r, |r| <= ln2 / 2, and a degree-7 polynomial for e^r (Cephes'
 // expf coefficients), about 1 ulp. Branch-free, so loops over it vectorise
 // (the C library's expf is a call per element).
-static inline __attribute__((always_inline)) float ExpNonPositive(float x) {
+static JAX_PAGED_CPU_INLINE float ExpNonPositive(float x) {
   const float fx = x * 1.44269504088896341f;  // x / ln 2
   const float t = fx + 12582912.0f;             // 1.5 * 2^23: rounds fx to an integer n
   const float n = t - 12582912.0f;

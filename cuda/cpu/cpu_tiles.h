@@ -1,6 +1,6 @@
-// The CPU attention kernel's two inner products on fp32 tiles: logits of 4
-// query rows against a chunk of tokens, and their probabilities times the
-// chunk's values. Plain loops shaped for the compiler's vectoriser (fixed
+// The CPU attention kernel's inner loops on fp32 tiles: logits of 4 query
+// rows against a chunk of tokens, a row's exponentials and their sum, and the
+// probabilities times the chunk's values. Plain loops shaped for the compiler's vectoriser (fixed
 // tile sizes, accumulators that stay in registers); on x86-64 with GCC and
 // glibc each is also compiled for AVX2+FMA and AVX-512 and the widest the
 // CPU supports is picked once at load time (function multi-versioning), so

@@ -31,6 +31,10 @@
 #                    PYTEST_K="gpu and (multi_token or many_query_rows)"
 #   TEST_JOBS        concurrent pytest processes for the tests stage (default 4; 1 = one
 #                    plain pytest run)
+#   SANITIZER_TOOL   compute-sanitizer tool (default memcheck; racecheck / synccheck / initcheck
+#                    are slower: narrow the case with SANITIZER_CASE_ARGS)
+#   SANITIZER_CASE_ARGS  arguments of scripts/sanitizer_case.py, e.g.
+#                    "--impls grouped --head-sizes 256 --no-cache-ops"
 #   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":
 #                    XLA's own probing calls return CUDA errors by design; a failed launch
 #                    of ours surfaces as a Python exception and fails the case anyway)
@@ -191,13 +195,14 @@ else
     # Platform allocator: every XLA buffer is its own cudaMalloc, so memcheck catches an
     # access past a buffer's end; no preallocation; no CUDA graphs (plain launches); no
     # autotuning (XLA's GEMM autotuner would run many kernels under the sanitizer).
+    SAN_TOOL=${SANITIZER_TOOL:-memcheck}
     run_sanitizer() {
       # shellcheck disable=SC2086
       XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform \
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0" \
       run_stage sanitizer "$OUTDIR/sanitizer.log" "${SANITIZER_TIMEOUT:-240}" \
-        "$SAN" --tool memcheck --target-processes all --error-exitcode 3 --print-limit 100 \
-        ${SANITIZER_ARGS:---report-api-errors no} "$PY" scripts/sanitizer_case.py
+        "$SAN" --tool "$SAN_TOOL" --target-processes all --error-exitcode 3 --print-limit 100 \
+        ${SANITIZER_ARGS:---report-api-errors no} "$PY" scripts/sanitizer_case.py ${SANITIZER_CASE_ARGS:-}
     }
     run_sanitizer
     san_rc=$?
@@ -213,7 +218,7 @@ else
     n_err=$(grep -oE "ERROR SUMMARY: [0-9]+" "$OUTDIR/sanitizer.log" | awk '{s += $3} END {print s + 0}')
     n_sum=$(grep -c "ERROR SUMMARY" "$OUTDIR/sanitizer.log")
     case_line=$(grep -E "^sanitizer case:" "$OUTDIR/sanitizer.log" | tail -n 1)
-    DETAIL[sanitizer]="${retried}memcheck errors: $n_err (over $n_sum ERROR SUMMARY lines); ${case_line:-case output missing}"
+    DETAIL[sanitizer]="${retried}$SAN_TOOL errors: $n_err (over $n_sum ERROR SUMMARY lines); ${case_line:-case output missing}"
     if [ "$n_err" -gt 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED"; fi
     if [ "$n_sum" -eq 0 ] && [ "${RESULT[sanitizer]}" = ok ]; then RESULT[sanitizer]="FAILED (no ERROR SUMMARY)"; fi
   fi

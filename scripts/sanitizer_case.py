@@ -11,6 +11,12 @@ jax_paged.reference. Small inputs: under the sanitizer every launch is slow.
 
     compute-sanitizer --tool memcheck --target-processes all python3 scripts/sanitizer_case.py
 
+--impls / --head-sizes / --no-cache-ops narrow it to some kernels, for the slower tools:
+e.g. racecheck (shared-memory hazards) of the grouped kernel at head size 256 only:
+
+    compute-sanitizer --tool racecheck python3 scripts/sanitizer_case.py --impls grouped \
+        --head-sizes 256 --no-cache-ops
+
 Run it with XLA_PYTHON_CLIENT_ALLOCATOR=platform (scripts/gpu_check.sh does): then
 every XLA buffer is its own cudaMalloc, so memcheck sees an access past a buffer's end
 instead of landing silently in XLA's memory pool.
@@ -90,7 +96,18 @@ def relayout_key(kc, x: int):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--platform", choices=["gpu", "cpu"], default="gpu")
+    p.add_argument("--impls", default="v1,v2,grouped",
+                   help="comma-separated paged_attention implementations to check")
+    p.add_argument("--head-sizes", default="",
+                   help="comma-separated head sizes of the attention cases (default: all)")
+    p.add_argument("--no-cache-ops", action="store_true",
+                   help="skip reshape_and_cache and copy_blocks")
     args = p.parse_args()
+    impls = tuple(i for i in args.impls.split(",") if i)
+    bad = set(impls) - {"v1", "v2", "grouped"}
+    if bad:
+        p.error(f"--impls: unknown implementation(s) {sorted(bad)}; expected v1, v2, grouped")
+    head_sizes = {int(h) for h in args.head_sizes.split(",") if h}
     try:
         dev = jax.devices(args.platform)[0]
     except RuntimeError as e:
@@ -111,25 +128,28 @@ def main() -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: rel err {err:.2e} (tol {tol:g})", flush=True)
 
     for dtype, head, bs, hq, hkv, lens, alibi in ATTENTION_CASES:
+        if head_sizes and head not in head_sizes:
+            continue
         name = f"{dtype} head {head} block {bs} heads {hq}/{hkv} lens {lens}{' alibi' if alibi else ''}"
         try:
             q, kc, vc, bt, sl = paged_inputs(rng, dtype, head, bs, hq, hkv, lens, dev)
             slopes = (jax.device_put(jnp.asarray(2.0 ** -(np.arange(hq) + 1.0), jnp.float32), dev)
                       if alibi else None)
             want = jax.jit(lambda *a: ref.paged_attention(*a, alibi_slopes=slopes))(q, kc, vc, bt, sl)
-            for impl in ("v1", "v2", "grouped"):
+            for impl in impls:
                 got = jax.jit(lambda *a, impl=impl: jp.paged_attention(
                     *a, alibi_slopes=slopes, impl=impl))(q, kc, vc, bt, sl)
                 got = jax.block_until_ready(got)
                 report(f"paged_attention {impl} {name}", rel_err(got, want), TOL[dtype])
             # A decode step whose only feature is the soft cap (the grouped
             # kernel's plain capped variant with 16-bit caches).
-            want = jax.jit(lambda *a: ref.paged_attention(*a, alibi_slopes=slopes, soft_cap=5.0))(
-                q, kc, vc, bt, sl)
-            got = jax.jit(lambda *a: jp.paged_attention(
-                *a, alibi_slopes=slopes, soft_cap=5.0, impl="grouped"))(q, kc, vc, bt, sl)
-            report(f"paged_attention grouped soft cap {name}",
-                   rel_err(jax.block_until_ready(got), want), TOL[dtype])
+            if "grouped" in impls:
+                want = jax.jit(lambda *a: ref.paged_attention(*a, alibi_slopes=slopes, soft_cap=5.0))(
+                    q, kc, vc, bt, sl)
+                got = jax.jit(lambda *a: jp.paged_attention(
+                    *a, alibi_slopes=slopes, soft_cap=5.0, impl="grouped"))(q, kc, vc, bt, sl)
+                report(f"paged_attention grouped soft cap {name}",
+                       rel_err(jax.block_until_ready(got), want), TOL[dtype])
             # The issue-6 paths of the classic kernels: 3 query rows per sequence
             # (causal among them), soft cap, a sliding window, the LSE output.
             q3 = jnp.repeat(q[:, None], 3, axis=1) * jnp.asarray([1.0, -0.5, 0.25], q.dtype)[
@@ -143,7 +163,7 @@ def main() -> int:
             for window in (2 * bs + 3, 300):
                 kwargs = features(window)
                 want = jax.jit(lambda *a: ref.paged_attention(*a, **kwargs))(q3, kc, vc, bt, sl)
-                for impl in ("v1", "v2", "grouped"):
+                for impl in impls:
                     got = jax.jit(lambda *a, impl=impl: jp.paged_attention(
                         *a, impl=impl, **kwargs))(q3, kc, vc, bt, sl)
                     got = jax.block_until_ready(got)
@@ -160,7 +180,7 @@ def main() -> int:
                                   v_scale=jnp.float32(0.75))
                     want = jax.jit(lambda *a: ref.paged_attention(*a, **kwargs, **scales))(
                         q3, k8, v8, bt, sl)
-                    for impl in ("v1", "v2", "grouped"):
+                    for impl in impls:
                         got = jax.jit(lambda *a, impl=impl: jp.paged_attention(
                             *a, impl=impl, **kwargs, **scales))(q3, k8, v8, bt, sl)
                         got = jax.block_until_ready(got)
@@ -173,7 +193,8 @@ def main() -> int:
             print(f"FAIL paged_attention {name}: exception\n{traceback.format_exc()}", flush=True)
 
     # reshape_and_cache: distinct valid slots, one skipped (-1), one past the cache end.
-    for dtype, head, bs, hkv in (("bfloat16", 128, 16, 2), ("float32", 64, 8, 3)):
+    cache_cases = () if args.no_cache_ops else (("bfloat16", 128, 16, 2), ("float32", 64, 8, 3))
+    for dtype, head, bs, hkv in cache_cases:
         name = f"{dtype} head {head} block {bs} kv heads {hkv}"
         try:
             _, kc, vc, _, _ = paged_inputs(rng, dtype, head, bs, hkv, hkv, [3 * bs], dev)
@@ -196,7 +217,7 @@ def main() -> int:
             print(f"FAIL reshape_and_cache {name}: exception\n{traceback.format_exc()}", flush=True)
 
     # copy_blocks: valid pairs plus pairs with an id out of range (skipped).
-    for dtype, head, bs in (("float16", 128, 16), ("float32", 256, 32)):
+    for dtype, head, bs in () if args.no_cache_ops else (("float16", 128, 16), ("float32", 256, 32)):
         name = f"{dtype} head {head} block {bs}"
         try:
             _, kc, vc, _, _ = paged_inputs(rng, dtype, head, bs, 2, 2, [4 * bs], dev)

@@ -954,7 +954,7 @@ def test_gpu_features_at_scale(head_size, block_size):
 @pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("head_size,block_size", [(96, 32), (128, 32), (80, 16), (64, 16),
                                                   (112, 8), (192, 32), (192, 16), (192, 8),
-                                                  (256, 16), (256, 8)])
+                                                  (256, 32), (256, 16), (256, 8)])
 def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_size):
     """The row split's 64-row CTAs at every block size and head sizes 64-256 (192
     and 256: the wide row split where it is built, CMake JAX_PAGED_WIDE_ROW_SPLIT,
@@ -972,6 +972,28 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
         compare("gpu", inp, "grouped")
         compare("gpu", inp, "grouped", return_lse=True, soft_cap=10.0)
         compare("gpu", inp, "grouped", sliding_window=100)
+
+
+@requires_gpu
+@pytest.mark.parametrize("head_size,block_size,cache_dtype,query_dtype", [
+    (128, 16, jnp.float16, jnp.float16), (256, 32, jnp.bfloat16, jnp.bfloat16),
+    (192, 8, jnp.float16, jnp.float16), (128, 32, jnp.float8_e4m3fn, jnp.bfloat16)])
+def test_gpu_row_split_uneven_rows_with_alibi(head_size, block_size, cache_dtype, query_dtype):
+    """Row counts per KV head that are not whole 64-row CTAs: 20 (q_len 5 x group 4:
+    one CTA, its second row block a quarter full, two warps idle), 80 (40 query
+    heads over 8 KV heads at q_len 16: two CTAs of 40 rows) and 128 (group 8: two
+    full CTAs, the second starting at row 64), with ALiBi slopes that make the
+    running maxima grow (lazy rescales, f16 probabilities up to 2^8) and with a soft
+    cap and LSE; head 256 at 32-token pages (one page per wide tile) and 192 at 8
+    where the wide row split is built, fp8 where the fp8 one is, else 16-row CTAs."""
+    rng = np.random.default_rng(head_size + block_size)
+    lens = [0, 1, 4, 5, 31, 32, 33, 500, 1100]
+    for num_heads, q_len in ((32, 5), (40, 16), (64, 16)):
+        inp = make_inputs(rng, lens, num_heads, 8, head_size, block_size, cache_dtype,
+                          query_dtype=query_dtype, q_len=q_len)
+        slopes = (0.03 * rng.uniform(0.5, 1.0, size=num_heads)).astype(np.float32)
+        compare("gpu", inp, "grouped", alibi_slopes=slopes)
+        compare("gpu", inp, "grouped", alibi_slopes=slopes, soft_cap=10.0, return_lse=True)
 
 
 @requires_gpu

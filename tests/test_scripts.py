@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -75,3 +76,18 @@ def test_development_options_reported_by_the_cuda_module_are_cmake_options():
     with open(os.path.join(ROOT, "cuda", "ffi", "cuda_grouped.cu")) as f:
         listed = set(re.findall(r'"([A-Z0-9_]+) "', f.read()))
     assert listed == known, "cuda_grouped.cu's JaxPagedDevelopmentOptions must list every option"
+
+
+def test_sanitizer_case_narrowed_to_one_kernel_on_cpu():
+    """scripts/sanitizer_case.py --impls / --head-sizes / --no-cache-ops (for the slower
+    compute-sanitizer tools) run only the named cases; here on the CPU kernels."""
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sanitizer_case.py"),
+                          "--platform", "cpu", "--impls", "grouped", "--head-sizes", "256",
+                          "--no-cache-ops"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    checks = [line for line in run.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
+    assert checks and all(" grouped " in line and "head 256 " in line for line in checks), checks
+    assert "sanitizer case: all ok" in run.stdout
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sanitizer_case.py"),
+                          "--platform", "cpu", "--impls", "v3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--impls: unknown implementation(s) ['v3']" in bad.stderr

@@ -49,6 +49,50 @@ struct RowsScratch {
 
 constexpr int RoundUpTo(int v, int m) { return (v + m - 1) / m * m; }
 
+// Tokens [a, b) of one block's K ([D/x][B][x] as stored) into the chunk's
+// dim-major fp32 keys kd[d][t] (row stride kChunk, kd pointing at the block's
+// first token): contiguous loads, a store per element. Compiled for AVX-512 /
+// AVX2 too (cpu_tiles.h); the keys' conversion and transposition measured
+// 0.35 -> 0.18 ns per bf16 element with the loads contiguous and AVX-512.
+template <typename TC>
+JAX_PAGED_CPU_CLONES static void KeysToChunk(const TC* __restrict kb, int D, int B, int a, int b,
+                                             float* __restrict kd) {
+  constexpr int x = 16 / static_cast<int>(sizeof(TC));
+  for (int c = 0; c < D / x; ++c)
+    for (int off = a; off < b; ++off) {
+      const TC* src = kb + (static_cast<int64_t>(c) * B + off) * x;
+      float* dst = kd + static_cast<size_t>(c) * x * kChunk + off;
+      for (int i = 0; i < x; ++i) dst[static_cast<size_t>(i) * kChunk] = ToFloat(src[i]);
+    }
+}
+
+// Tokens [a, b) of one block's V ([D][B] as stored) into the chunk's
+// token-major fp32 values vt[t][d] (row stride `stride`, vt pointing at the
+// block's first token). 16-bit and f32 values go in 8 x 8 tiles (D is a
+// multiple of 8): 0.55 -> 0.29 ns per bf16 element against a token-by-token
+// copy (baseline x86-64; the AVX-512 form of either was no faster, so this is
+// not cloned). fp8 values, decoded through a table, stay token by token: the
+// tiles made an fp8 decode step 7% slower.
+template <typename TC>
+void ValuesToChunk(const TC* __restrict vb, int D, int B, int a, int b, float* __restrict vt,
+                   int stride) {
+  int o0 = a;
+  if constexpr (!kIsFp8<TC>) {
+    for (; o0 + 8 <= b; o0 += 8)
+      for (int d0 = 0; d0 < D; d0 += 8) {
+        float tile[8][8];
+        for (int i = 0; i < 8; ++i)
+          for (int j = 0; j < 8; ++j)
+            tile[i][j] = ToFloat(vb[static_cast<int64_t>(d0 + i) * B + o0 + j]);
+        for (int j = 0; j < 8; ++j)
+          for (int i = 0; i < 8; ++i) vt[static_cast<size_t>(o0 + j) * stride + d0 + i] = tile[i][j];
+      }
+  }
+  for (; o0 < b; ++o0)
+    for (int d = 0; d < D; ++d)
+      vt[static_cast<size_t>(o0) * stride + d] = ToFloat(vb[static_cast<int64_t>(d) * B + o0]);
+}
+
 // Attention of one work item over its rows. Outputs, per row r: m[r] the max
 // logit (-FLT_MAX if no token is valid), sum[r] the sum of exp(logit - m),
 // acc[r*D + d] the unnormalised sum of exp(logit - m) * v (v not yet
@@ -70,7 +114,6 @@ void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* ro
                 const float* q /* [R, D], converted */, RowsScratch& w, float* acc, float* m,
                 float* sum) {
   const int D = p.head_size, B = p.block_size;
-  constexpr int x = 16 / static_cast<int>(sizeof(TC));
   std::fill(acc, acc + static_cast<size_t>(R) * D, 0.0f);
   int t0 = INT32_MAX, t1 = 0;  // union of the rows' ranges
   for (int r = 0; r < R; ++r) {
@@ -116,17 +159,9 @@ void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* ro
       const int a = std::max(lo, base) - base, b = std::min(hi, base + B) - base;
       const TC* kb = kc + block * block_stride + static_cast<int64_t>(kvh) * D * B;
       const TC* vb = vc + block * block_stride + static_cast<int64_t>(kvh) * D * B;
-      for (int c = 0; c < D / x; ++c)
-        for (int i = 0; i < x; ++i) {
-          float* dst = kd + static_cast<size_t>(c * x + i) * kChunk + base;
-          const TC* src = kb + static_cast<int64_t>(c) * B * x + i;
-          for (int off = a; off < b; ++off) dst[off] = ToFloat(src[off * x]);
-        }
-      for (int off = a; off < b; ++off) {
-        float* dst = vt + static_cast<size_t>(base + off) * Dp;
-        for (int d = 0; d < D; ++d) dst[d] = ToFloat(vb[static_cast<int64_t>(d) * B + off]);
-        w.ok[base + off] = 1;
-      }
+      KeysToChunk(kb, D, B, a, b, kd + base);
+      ValuesToChunk(vb, D, B, a, b, vt + static_cast<size_t>(base) * Dp, Dp);
+      std::fill(w.ok.begin() + base + a, w.ok.begin() + base + b, 1);
     }
     for (int t = lo; t < hi; ++t)
       if (!w.ok[t]) {

@@ -25,45 +25,60 @@ void Report(const char* what, double err, double bound) {
 
 }  // namespace
 
+// LogitsTile / ValuesTile (kRows = kRowTile) or LogitsRow / ValuesRow (kRows =
+// 1) against float64 loops; the buffers' other rows must stay untouched.
+template <int kRows>
+void CheckTiles(std::mt19937& rng, int dims) {
+  std::normal_distribution<float> normal;
+  const int stride = (dims + kDimTile - 1) / kDimTile * kDimTile;
+  std::vector<float> q(kRowTile * stride), kd(dims * kChunk), vt(kChunk * stride);
+  std::vector<float> p(kRowTile * kChunk), acc(kRowTile * stride);
+  for (auto& v : q) v = normal(rng);
+  for (auto& v : kd) v = normal(rng);
+  for (auto& v : vt) v = normal(rng);
+  for (auto& v : p) v = std::fabs(normal(rng));
+  for (auto& v : acc) v = normal(rng);
+  // Logits over tokens [16, 48): the rest of s must stay untouched.
+  std::vector<float> s(kRowTile * kChunk, 12345.0f);
+  if constexpr (kRows == 1)
+    LogitsRow(q.data(), kd.data(), dims, 16, 48, s.data());
+  else
+    LogitsTile(q.data(), stride, kd.data(), dims, 16, 48, s.data());
+  double err = 0;
+  for (int r = 0; r < kRowTile; ++r)
+    for (int t = 0; t < kChunk; ++t) {
+      double want = 12345.0;
+      if (r < kRows && t >= 16 && t < 48) {
+        want = 0;
+        for (int d = 0; d < dims; ++d) want += double(q[r * stride + d]) * kd[d * kChunk + t];
+      }
+      err = std::fmax(err, std::fabs(s[r * kChunk + t] - want) / std::sqrt(double(dims)));
+    }
+  char name[64];
+  std::snprintf(name, sizeof name, "%s dims %d", kRows == 1 ? "LogitsRow" : "LogitsTile", dims);
+  Report(name, err, 1e-5);
+  // P.V over tokens [5, 61), added to acc.
+  std::vector<double> want(acc.begin(), acc.end());
+  for (int r = 0; r < kRows; ++r)
+    for (int t = 5; t < 61; ++t)
+      for (int d = 0; d < stride; ++d)
+        want[r * stride + d] += double(p[r * kChunk + t]) * vt[t * stride + d];
+  if constexpr (kRows == 1)
+    ValuesRow(p.data(), vt.data(), stride, stride, 5, 61, acc.data());
+  else
+    ValuesTile(p.data(), vt.data(), stride, stride, 5, 61, acc.data());
+  err = 0;
+  for (size_t i = 0; i < acc.size(); ++i) err = std::fmax(err, std::fabs(acc[i] - want[i]) / 8.0);
+  std::snprintf(name, sizeof name, "%s dims %d", kRows == 1 ? "ValuesRow" : "ValuesTile", dims);
+  Report(name, err, 1e-5);
+}
+
 int main() {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   for (int dims : {8, 40, 72, 128, 256}) {
-    const int stride = (dims + kDimTile - 1) / kDimTile * kDimTile;
-    std::vector<float> q(kRowTile * stride), kd(dims * kChunk), vt(kChunk * stride);
-    std::vector<float> p(kRowTile * kChunk), acc(kRowTile * stride);
-    for (auto& v : q) v = normal(rng);
-    for (auto& v : kd) v = normal(rng);
-    for (auto& v : vt) v = normal(rng);
-    for (auto& v : p) v = std::fabs(normal(rng));
-    for (auto& v : acc) v = normal(rng);
-    // Logits over tokens [16, 48): the rest of s must stay untouched.
-    std::vector<float> s(kRowTile * kChunk, 12345.0f);
-    LogitsTile(q.data(), stride, kd.data(), dims, 16, 48, s.data());
-    double err = 0;
-    for (int r = 0; r < kRowTile; ++r)
-      for (int t = 0; t < kChunk; ++t) {
-        double want = 12345.0;
-        if (t >= 16 && t < 48) {
-          want = 0;
-          for (int d = 0; d < dims; ++d) want += double(q[r * stride + d]) * kd[d * kChunk + t];
-        }
-        err = std::fmax(err, std::fabs(s[r * kChunk + t] - want) / std::sqrt(double(dims)));
-      }
-    char name[64];
-    std::snprintf(name, sizeof name, "LogitsTile dims %d", dims);
-    Report(name, err, 1e-5);
-    // P.V over tokens [5, 61), added to acc.
-    std::vector<double> want(acc.begin(), acc.end());
-    for (int r = 0; r < kRowTile; ++r)
-      for (int t = 5; t < 61; ++t)
-        for (int d = 0; d < stride; ++d)
-          want[r * stride + d] += double(p[r * kChunk + t]) * vt[t * stride + d];
-    ValuesTile(p.data(), vt.data(), stride, stride, 5, 61, acc.data());
-    err = 0;
-    for (size_t i = 0; i < acc.size(); ++i) err = std::fmax(err, std::fabs(acc[i] - want[i]) / 8.0);
-    std::snprintf(name, sizeof name, "ValuesTile dims %d", dims);
-    Report(name, err, 1e-5);
+    CheckTiles<kRowTile>(rng, dims);
+    CheckTiles<1>(rng, dims);
   }
   // exp(x - m) and its sum over a row of logits with masked (-inf) tokens.
   std::vector<float> row(kChunk);

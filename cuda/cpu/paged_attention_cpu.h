@@ -104,7 +104,8 @@ void ValuesToChunk(const TC* __restrict vb, int D, int B, int a, int b, float* _
 // tile of kRowTile rows takes its logits (LogitsTile), folds them into its
 // running max / sum (online softmax: the accumulators are rescaled when the
 // max rises, so the result is the two-pass softmax's with the row's global
-// max) and adds P.V (ValuesTile). Memory stays O(rows * head_size) however
+// max) and adds P.V (ValuesTile; a lone row, as in MHA decode, takes the
+// 1-row forms LogitsRow / ValuesRow). Memory stays O(rows * head_size) however
 // long the sequence. Only tokens inside the union and in valid blocks are
 // read; all others are zero in the chunk and get probability 0, so NaN in
 // unused slots cannot leak in.
@@ -181,8 +182,15 @@ void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* ro
       }
       if (tlo >= thi) continue;
       const int tb0 = tlo / kTokTile * kTokTile, tb1 = RoundUpTo(thi, kTokTile);
-      LogitsTile(w.q.data() + static_cast<size_t>(r0) * Dp, Dp, kd, D, tb0, tb1, sc);
-      for (int i = 0; i < kRowTile; ++i) {
+      // A tile of one row (MHA decode, or the last of 4k + 1 rows) is computed
+      // alone; other tiles compute kRowTile rows (padding rows: zero queries,
+      // probability 0).
+      const bool one_row = R - r0 == 1;
+      if (one_row)
+        LogitsRow(w.q.data() + static_cast<size_t>(r0) * Dp, kd, D, tb0, tb1, sc);
+      else
+        LogitsTile(w.q.data() + static_cast<size_t>(r0) * Dp, Dp, kd, D, tb0, tb1, sc);
+      for (int i = 0; i < (one_row ? 1 : kRowTile); ++i) {
         const int r = r0 + i;
         float* pr = sc + i * kChunk;
         const int a = r < R ? std::max(rows[r].lo - c0, lo) : 0;
@@ -215,7 +223,11 @@ void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* ro
         }
         sum[r] += ExpShiftedSum(pr, a, b, m[r]);  // masked tokens: exp(-inf) = 0
       }
-      ValuesTile(sc, vt, Dp, Dp, tlo, thi, w.acc.data() + static_cast<size_t>(r0) * Dp);
+      float* tile_acc = w.acc.data() + static_cast<size_t>(r0) * Dp;
+      if (one_row)
+        ValuesRow(sc, vt, Dp, Dp, tlo, thi, tile_acc);
+      else
+        ValuesTile(sc, vt, Dp, Dp, tlo, thi, tile_acc);
     }
   }
   for (int r = 0; r < R; ++r)

@@ -39,15 +39,18 @@ struct RowSpan {
   int lo, hi, pos;
 };
 
-// Scratch of one work item (AttendRows): the rows' queries and accumulators
-// padded to kRowTile rows of a multiple of kDimTile floats, and one chunk of
-// K (dim-major) and V (token-major) in fp32.
-struct RowsScratch {
-  std::vector<float> q, acc, kd, vt, s;
+// One chunk of K (dim-major) and V (token-major) in fp32, and a tile's
+// logits (AttendRows' scratch).
+struct ChunkScratch {
+  std::vector<float> kd, vt, s;
   std::vector<uint8_t> ok;  // per chunk token: its block is valid and it is read
 };
 
 constexpr int RoundUpTo(int v, int m) { return (v + m - 1) / m * m; }
+// The rows' queries and accumulators are [RoundUpTo(R, kRowTile)][RowStride(D)]
+// floats, zero in the padding (rows of a last partial tile, dims up to a
+// multiple of kDimTile), so that the tile products need no edge cases.
+constexpr int RowStride(int head_size) { return RoundUpTo(head_size, kDimTile); }
 
 // Tokens [a, b) of one block's K ([D/x][B][x] as stored) into the chunk's
 // dim-major fp32 keys kd[d][t] (row stride kChunk, kd pointing at the block's
@@ -93,10 +96,10 @@ void ValuesToChunk(const TC* __restrict vb, int D, int B, int a, int b, float* _
       vt[static_cast<size_t>(o0) * stride + d] = ToFloat(vb[static_cast<int64_t>(d) * B + o0]);
 }
 
-// Attention of one work item over its rows. Outputs, per row r: m[r] the max
-// logit (-FLT_MAX if no token is valid), sum[r] the sum of exp(logit - m),
-// acc[r*D + d] the unnormalised sum of exp(logit - m) * v (v not yet
-// multiplied by v_scale). TC is the cache's storage type (the query's, or
+// Attention of one work item over its rows. q and acc are padded row-major
+// (RowStride). Outputs, per row r: m[r] the max logit (-FLT_MAX if no token is
+// valid), sum[r] the sum of exp(logit - m), acc[r * RowStride(D) + d] the
+// unnormalised sum of exp(logit - m) * v (v not yet multiplied by v_scale). TC is the cache's storage type (the query's, or
 // fp8); `qk_scale` = scale * k_scale of this KV head.
 //
 // One pass over the union of the rows' ranges in chunks of kChunk tokens
@@ -112,10 +115,11 @@ void ValuesToChunk(const TC* __restrict vb, int D, int B, int a, int b, float* _
 template <typename TC>
 void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* rows, int R,
                 float qk_scale, const float* slopes /* [R] or nullptr */,
-                const float* q /* [R, D], converted */, RowsScratch& w, float* acc, float* m,
+                const float* q /* padded, converted */, ChunkScratch& w, float* acc, float* m,
                 float* sum) {
   const int D = p.head_size, B = p.block_size;
-  std::fill(acc, acc + static_cast<size_t>(R) * D, 0.0f);
+  const int Dp = RowStride(D);
+  std::fill(acc, acc + static_cast<size_t>(RoundUpTo(R, kRowTile)) * Dp, 0.0f);
   int t0 = INT32_MAX, t1 = 0;  // union of the rows' ranges
   for (int r = 0; r < R; ++r) {
     m[r] = -FLT_MAX;
@@ -127,12 +131,6 @@ void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* ro
   }
   if (t1 <= t0) return;
 
-  const int Dp = RoundUpTo(D, kDimTile), Rp = RoundUpTo(R, kRowTile);
-  w.q.assign(static_cast<size_t>(Rp) * Dp, 0.0f);
-  for (int r = 0; r < R; ++r)
-    std::copy(q + static_cast<size_t>(r) * D, q + static_cast<size_t>(r + 1) * D,
-              w.q.begin() + static_cast<size_t>(r) * Dp);
-  w.acc.assign(static_cast<size_t>(Rp) * Dp, 0.0f);
   w.kd.assign(static_cast<size_t>(D) * kChunk, 0.0f);
   w.vt.assign(static_cast<size_t>(kChunk) * Dp, 0.0f);  // padding dims stay 0
   w.s.assign(static_cast<size_t>(kRowTile) * kChunk, 0.0f);
@@ -187,9 +185,9 @@ void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* ro
       // probability 0).
       const bool one_row = R - r0 == 1;
       if (one_row)
-        LogitsRow(w.q.data() + static_cast<size_t>(r0) * Dp, kd, D, tb0, tb1, sc);
+        LogitsRow(q + static_cast<size_t>(r0) * Dp, kd, D, tb0, tb1, sc);
       else
-        LogitsTile(w.q.data() + static_cast<size_t>(r0) * Dp, Dp, kd, D, tb0, tb1, sc);
+        LogitsTile(q + static_cast<size_t>(r0) * Dp, Dp, kd, D, tb0, tb1, sc);
       for (int i = 0; i < (one_row ? 1 : kRowTile); ++i) {
         const int r = r0 + i;
         float* pr = sc + i * kChunk;
@@ -217,22 +215,19 @@ void AttendRows(const PagedAttentionParams& p, int s, int kvh, const RowSpan* ro
         if (cmax > m[r]) {  // the running max rises: rescale what is summed so far
           const float factor = std::exp(m[r] - cmax);
           sum[r] *= factor;
-          float* ar = w.acc.data() + static_cast<size_t>(r) * Dp;
+          float* ar = acc + static_cast<size_t>(r) * Dp;
           for (int d = 0; d < Dp; ++d) ar[d] *= factor;
           m[r] = cmax;
         }
         sum[r] += ExpShiftedSum(pr, a, b, m[r]);  // masked tokens: exp(-inf) = 0
       }
-      float* tile_acc = w.acc.data() + static_cast<size_t>(r0) * Dp;
+      float* tile_acc = acc + static_cast<size_t>(r0) * Dp;
       if (one_row)
         ValuesRow(sc, vt, Dp, Dp, tlo, thi, tile_acc);
       else
         ValuesTile(sc, vt, Dp, Dp, tlo, thi, tile_acc);
     }
   }
-  for (int r = 0; r < R; ++r)
-    std::copy(w.acc.begin() + static_cast<size_t>(r) * Dp,
-              w.acc.begin() + static_cast<size_t>(r) * Dp + D, acc + static_cast<size_t>(r) * D);
 }
 
 // Rows of work item (s, kvh): r = qi * G + g is query head kvh * G + g at
@@ -243,13 +238,14 @@ inline int64_t RowIndex(const PagedAttentionParams& p, int s, int kvh, int r) {
   return (static_cast<int64_t>(s) * p.q_len + r / G) * p.num_heads + kvh * G + r % G;
 }
 
+// The item's query rows into q (padded, RowStride; the padding stays as is).
 template <typename T>
 void LoadQueryRows(const PagedAttentionParams& p, int s, int kvh, float* q) {
   const int R = p.q_len * (p.num_heads / p.num_kv_heads), D = p.head_size;
   const T* query = static_cast<const T*>(p.query);
   for (int r = 0; r < R; ++r) {
     const T* src = query + RowIndex(p, s, kvh, r) * D;
-    for (int d = 0; d < D; ++d) q[static_cast<size_t>(r) * D + d] = ToFloat(src[d]);
+    for (int d = 0; d < D; ++d) q[static_cast<size_t>(r) * RowStride(D) + d] = ToFloat(src[d]);
   }
 }
 
@@ -273,13 +269,14 @@ inline float LogSumExp(float m, float sum) {
   return sum > 0.0f ? m + std::log(sum + 1e-6f) : -INFINITY;
 }
 
-// Per-work-item scratch: the R = q_len * G query rows of one KV head.
+// Per-work-item scratch: the R = q_len * G query rows of one KV head (q and
+// acc padded: RowStride, zero-initialised).
 struct ItemBuffers {
   std::vector<float> q, acc, m, sum, slopes;
-  RowsScratch scratch;
+  ChunkScratch scratch;
   ItemBuffers(int R, int D)
-      : q(static_cast<size_t>(R) * D), acc(static_cast<size_t>(R) * D), m(R), sum(R),
-        slopes(R) {}
+      : q(static_cast<size_t>(RoundUpTo(R, kRowTile)) * RowStride(D)), acc(q.size()), m(R),
+        sum(R), slopes(R) {}
 };
 
 // One work item of V1 or V2: loads the rows' queries, ALiBi slopes and the
@@ -317,7 +314,8 @@ void PagedAttentionV1(const PagedAttentionParams& p) {
       const int64_t row = RowIndex(p, s, kvh, r);
       T* out = static_cast<T*>(p.out) + row * D;
       const float inv = v_scale / (sum[r] + 1e-6f);
-      for (int d = 0; d < D; ++d) out[d] = FromFloat<T>(acc[static_cast<size_t>(r) * D + d] * inv);
+      const float* ar = acc.data() + static_cast<size_t>(r) * RowStride(D);
+      for (int d = 0; d < D; ++d) out[d] = FromFloat<T>(ar[d] * inv);
       if (p.lse) p.lse[row] = LogSumExp(m[r], sum[r]);
     }
   });
@@ -355,7 +353,8 @@ void PagedAttentionV2(const PagedAttentionParams& p) {
       p.max_logits[row] = m[r];
       p.exp_sums[row] = sum[r];
       const float inv = v_scale / (sum[r] + 1e-6f);
-      for (int d = 0; d < D; ++d) p.tmp_out[row * D + d] = acc[static_cast<size_t>(r) * D + d] * inv;
+      const float* ar = acc.data() + static_cast<size_t>(r) * RowStride(D);
+      for (int d = 0; d < D; ++d) p.tmp_out[row * D + d] = ar[d] * inv;
     }
   });
   // Phase 2: exact merge with the global max, per (sequence, position, head),

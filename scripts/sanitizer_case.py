@@ -47,8 +47,8 @@ ATTENTION_CASES = [
     ("float32", 256, 32, 6, 1, [33, 700], False),             # MQA, head 256, block 32
     ("bfloat16", 80, 16, 5, 1, [1000, 2], False),             # odd head size and group
     ("float16", 64, 32, 24, 1, [3, 100, 530], False),         # 24 (q_len 3: 72) rows per KV head
-    # Group 8 at head 256: q_len 3 gives 24 rows per KV head, which a build with
-    # JAX_PAGED_WIDE_ROW_SPLIT runs as one 64-row CTA (two row blocks idle).
+    # Group 8 at head 256: q_len 3 gives 24 rows per KV head, which the wide row
+    # split runs as one 64-row CTA (two row blocks idle).
     ("bfloat16", 256, 16, 16, 2, [1, 40, 530], False),
 ]
 

@@ -957,8 +957,7 @@ def test_gpu_features_at_scale(head_size, block_size):
                                                   (256, 32), (256, 16), (256, 8)])
 def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_size):
     """The row split's 64-row CTAs at every block size and head sizes 64-256 (192
-    and 256: the wide row split where it is built, CMake JAX_PAGED_WIDE_ROW_SPLIT,
-    else 16-row CTAs), at
+    and 256: the wide row split), at
     edge lengths (block and 64-token tile boundaries, 512-token partitions), with
     NaN in every unused cache slot; plain (the wholly valid passes), with LSE and
     a soft cap, with a window, and with 48 rows (three row blocks, the fourth
@@ -985,7 +984,8 @@ def test_gpu_row_split_uneven_rows_with_alibi(head_size, block_size, cache_dtype
     full CTAs, the second starting at row 64), with ALiBi slopes that make the
     running maxima grow (lazy rescales, f16 probabilities up to 2^8) and with a soft
     cap and LSE; head 256 at 32-token pages (one page per wide tile) and 192 at 8
-    where the wide row split is built, fp8 where the fp8 one is, else 16-row CTAs."""
+    in the wide row split, and fp8 (20 rows: two 16-row CTAs; 80 and 128: the fp8
+    row split)."""
     rng = np.random.default_rng(head_size + block_size)
     lens = [0, 1, 4, 5, 31, 32, 33, 500, 1100]
     for num_heads, q_len in ((32, 5), (40, 16), (64, 16)):
@@ -1002,9 +1002,8 @@ def test_gpu_row_split_uneven_rows_with_alibi(head_size, block_size, cache_dtype
 @pytest.mark.parametrize("head_size,block_size", [(128, 16), (64, 8), (96, 32), (112, 16)])
 def test_gpu_fp8_row_split_64_rows(cache_dtype, query_dtype, head_size, block_size):
     """fp8 caches with 64 (q_len 16) and 48 (q_len 12) query rows per KV head, at edge
-    lengths, NaN in every unused slot, per-KV-head scales: a build with
-    JAX_PAGED_FP8_ROW_SPLIT runs them as one 64-row CTA (the fp8 loads and widening in
-    the row split's four-slice passes), else as 16-row CTAs. Plain, with LSE and a soft
+    lengths, NaN in every unused slot, per-KV-head scales: one 64-row CTA (the fp8
+    loads and widening in the row split's four-slice passes). Plain, with LSE and a soft
     cap, with a window. Then 40 query heads over 8 KV heads at q_len 16: 80 rows
     per KV head, two CTAs of 40 rows each (a row block half full, one empty)."""
     rng = np.random.default_rng(head_size * block_size + 7)
@@ -1141,8 +1140,9 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     assert primitives.grouped_partition_size("cuda", dims16, rows_per_cta=64) == 1008
     if not jax_paged.has_cuda_kernels():
         pytest.skip("the CUDA module is not built")
-    # The row split (multi-token queries, 16-bit caches, head size <= 128): as few
-    # 16-row blocks as hold the KV head's rows, up to 4; off with JAX_PAGED_ROW_SPLIT=0.
+    # The row split (multi-token queries, 16-bit caches and queries): at head sizes
+    # <= 128 as few 16-row blocks as hold the KV head's rows, up to 4; off with
+    # JAX_PAGED_ROW_SPLIT=0.
     row_split = os.environ.get("JAX_PAGED_ROW_SPLIT") != "0"
     dims8 = _shapes.AttentionDims(**{**dims.__dict__, "q_len": 8})
     assert primitives.grouped_rows_per_cta(dims16, jnp.bfloat16) == (64 if row_split else 16)
@@ -1151,21 +1151,23 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     # A decode step keeps 16-row CTAs, even with 32 query heads per KV head.
     mqa = _shapes.AttentionDims(**{**dims.__dict__, "num_kv_heads": 1})
     assert primitives.grouped_rows_per_cta(mqa, jnp.bfloat16) == 16
-    # Not for f32 queries; for fp8 caches and head sizes above 128 only in builds
-    # with the development options JAX_PAGED_FP8_ROW_SPLIT / JAX_PAGED_WIDE_ROW_SPLIT
-    # (64-row CTAs only: no 32-row form there).
-    options = jax_paged._native.cuda_development_options()
-    fp8_16 = _shapes.AttentionDims(**{**dims16.__dict__, "cache_dtype": np.dtype(jnp.float8_e4m3fn)})
-    fp8_8 = _shapes.AttentionDims(**{**dims8.__dict__, "cache_dtype": np.dtype(jnp.float8_e4m3fn)})
-    fp8_rows = 64 if row_split and "FP8_ROW_SPLIT" in options else 16
-    assert primitives.grouped_rows_per_cta(fp8_16, jnp.bfloat16) == fp8_rows
-    assert primitives.grouped_rows_per_cta(fp8_8, jnp.bfloat16) == fp8_rows
+    # Not for f32 queries. fp8 caches and head sizes above 128: 64-row CTAs only (no
+    # 32-row form); fp8 above head size 64 only above 32 rows per KV head.
+    def with_(d, **kw):
+        return _shapes.AttentionDims(**{**d.__dict__, **kw})
+    fp8 = np.dtype(jnp.float8_e4m3fn)
+    split64 = 64 if row_split else 16
+    assert primitives.grouped_rows_per_cta(with_(dims16, cache_dtype=fp8), jnp.bfloat16) == split64
+    assert primitives.grouped_rows_per_cta(with_(dims8, cache_dtype=fp8), jnp.bfloat16) == 16
+    assert primitives.grouped_rows_per_cta(
+        with_(dims8, cache_dtype=fp8, head_size=64), jnp.bfloat16) == split64
+    assert primitives.grouped_rows_per_cta(
+        with_(dims16, cache_dtype=fp8, head_size=256), jnp.bfloat16) == 16
     assert primitives.grouped_rows_per_cta(dims16, jnp.float32) == 16
-    wide_rows = 64 if row_split and "WIDE_ROW_SPLIT" in options else 16
     for head_size in (192, 256):
-        assert primitives.grouped_rows_per_cta(
-            _shapes.AttentionDims(**{**dims16.__dict__, "head_size": head_size}),
-            jnp.bfloat16) == wide_rows
+        for d in (dims16, dims8):
+            assert primitives.grouped_rows_per_cta(
+                with_(d, head_size=head_size), jnp.bfloat16) == split64
 
 
 def test_row_split_switch_is_read_by_the_layout():

@@ -32,10 +32,8 @@
 //     BS tokens are contiguous), the softmax sum over the unrounded P. fp32
 //     accumulation. fp8 caches: the same in f16 (see below).
 //   * f32: the same fragment layout computed with fp32 FMAs (CUDA cores).
-// Row split (multi-token queries, 16-bit caches, D <= 128, or 192 and 256 in a
-// JAX_PAGED_WIDE_ROW_SPLIT build, and fp8 caches in a JAX_PAGED_FP8_ROW_SPLIT
-// one; see RowBlocks in
-// grouped_launch.h): a KV head with more than 16 query rows takes CTAs of 32 or 64 rows
+// Row split (multi-token queries with 16-bit queries: 16-bit caches at every head
+// size, fp8 caches up to D 128; see RowBlocks in grouped_launch.h): a KV head with more than 16 query rows takes CTAs of 32 or 64 rows
 // instead of 16 (two or four row blocks), the warps split over row blocks and,
 // with two, over pairs of slices; each warp holds its 16 query rows in
 // registers and computes all its slices of a tile in one pass (independent
@@ -1753,8 +1751,8 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device)
 // multi-token queries with more than 16 query rows per KV head (q_len * group),
 // which would otherwise take several 16-row CTAs that each read the KV head's
 // pages; else SelectGroupedKernelOf's 16-row kernel. (Only where RowSplitAvailable
-// are row-split kernels instantiated: 16-bit caches at head sizes <= 128, and
-// larger heads or fp8 caches in builds with the development options.)
+// are row-split kernels instantiated: 16-bit queries, with 16-bit caches at every
+// head size or fp8 caches at head sizes <= 128.)
 template <typename T, typename TC, int D>
 GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p, int device) {
   return WithRowBlocks<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(

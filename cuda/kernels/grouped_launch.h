@@ -36,26 +36,11 @@ constexpr int kMaxRows = 16;   // query heads per CTA: the M of mma.m16n8k16
 constexpr int kMinBlockSize = 8;
 constexpr int kMaxBlockSize = 32;
 
-// Development option (nineteenth session, CMake JAX_PAGED_WIDE_ROW_SPLIT): the row
-// split at head sizes 192 and 256 too (64-row CTAs, each warp all the dims of its
-// 16 rows, 32-token tiles, the query rows read from shared memory per product),
+// The row split at head sizes above 128 (the "wide" row split, nineteenth session;
+// the default since the twenty-first): 64-row CTAs, each warp all the dims of its
+// 16 rows, 32-token tiles, the query rows read from shared memory per product,
 // instead of 16-row CTAs that each read the KV head's pages.
-#ifdef JAX_PAGED_WIDE_ROW_SPLIT
-constexpr bool kWideRowSplit = true;
-#else
-constexpr bool kWideRowSplit = false;
-#endif
-// The wide row split's head sizes (kWideRowSplit): above 128.
 constexpr bool WideRowSplitHead(int d) { return d > 128; }
-// Development option (nineteenth session, CMake JAX_PAGED_FP8_ROW_SPLIT): the row
-// split for fp8 caches too (64-row CTAs at head sizes up to 128, the decode
-// kernels' fp8 loads and widening in the row split's passes), instead of 16-row
-// CTAs that each read the KV head's pages.
-#ifdef JAX_PAGED_FP8_ROW_SPLIT
-constexpr bool kFp8RowSplit = true;
-#else
-constexpr bool kFp8RowSplit = false;
-#endif
 // Whether the row split has 32-row CTAs (two row blocks) besides 64-row ones for
 // caches of celem bytes at head size d: 16-bit caches at head sizes up to 128
 // (the wide and the fp8 row splits have 64-row CTAs only).
@@ -69,8 +54,8 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
 // caches, which need QELEM == 2: they are widened to f16 in registers,
 // exactly, for the f16 tensor cores). D: head size.
-// kRowBlocks (1, 2 or 4; more than 1 only for 16-bit caches, D <= 128 or with
-// kWideRowSplit 4 at D 192 / 256, and with kFp8RowSplit 4 for fp8 caches, see
+// kRowBlocks (1, 2 or 4; more than 1 only for 16-bit queries: 2 or 4 for 16-bit
+// caches at D <= 128, 4 at D 192 / 256 and for fp8 caches at D <= 128, see
 // RowBlocks): blocks of 16 query rows per CTA.
 // With kRowBlocks > 1 the warps split over rows as well as tokens: warp w owns
 // row block w / kSliceGroups and computes every kSliceGroups-th token slice of
@@ -216,11 +201,10 @@ static_assert(GroupedConfig<2, 1, 128, 4>::kStages == 6 && GroupedConfig<2, 1, 1
               "the fp8 row split (BENCHMARKS.md, nineteenth session)");
 
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
-// sizes and head size: 16-bit caches of the query's dtype at head sizes <= 128, and
-// above with kWideRowSplit; fp8 caches (16-bit query) up to 128 with kFp8RowSplit.
+// sizes and head size: 16-bit queries, with caches of the query's dtype (every head
+// size) or fp8 caches (head sizes up to 128).
 constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
-  return qelem == 2 && (celem == 2 ? !WideRowSplitHead(d) || kWideRowSplit
-                                   : celem == 1 && kFp8RowSplit && !WideRowSplitHead(d));
+  return qelem == 2 && (celem == 2 || (celem == 1 && !WideRowSplitHead(d)));
 }
 
 // Whether the row split's 64-row CTAs can run on the tensor cores' warpgroup
@@ -277,6 +261,12 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   if (!RowSplitAvailable(qelem, celem, d) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
     return 1;
+  // fp8 caches (64-row CTAs only) above head size 64: 17-32 rows stay in two 16-row
+  // decode CTAs, which measured faster than one 64-row CTA half idle (H200, 64 x 32
+  // x 8 x 4096 e4m3, q_len 8: 254.3 against 331.5 us; 64 rows: 530.0 against
+  // 338.2; at head 64, 32 rows: 163.4 against 133.8. BENCHMARKS.md, twenty-first
+  // session).
+  if (celem == 1 && d > 64 && rows_per_kv_head <= 2 * kMaxRows) return 1;
   return rows_per_kv_head <= 2 * kMaxRows && TwoRowBlocksAvailable(celem, d) ? 2 : 4;
 }
 

@@ -32,7 +32,9 @@
 #   TEST_JOBS        concurrent pytest processes for the tests stage (default 4; 1 = one
 #                    plain pytest run)
 #   SANITIZER_TOOL   compute-sanitizer tool (default memcheck; racecheck / synccheck / initcheck
-#                    are slower: narrow the case with SANITIZER_CASE_ARGS)
+#                    are slower: narrow the case with SANITIZER_CASE_ARGS; racecheck flags the
+#                    decode kernels' count-based stage release, which it cannot model: only a
+#                    hazard in a row-split kernel is a finding, see benchmarks/README.md)
 #   SANITIZER_CASE_ARGS  arguments of scripts/sanitizer_case.py, e.g.
 #                    "--impls grouped --head-sizes 256 --no-cache-ops"
 #   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":

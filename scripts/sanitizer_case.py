@@ -50,6 +50,9 @@ ATTENTION_CASES = [
     # Group 8 at head 256: q_len 3 gives 24 rows per KV head, which the wide row
     # split runs as one 64-row CTA (two row blocks idle).
     ("bfloat16", 256, 16, 16, 2, [1, 40, 530], False),
+    # Group 12 at head 192: q_len 3 gives 36 rows per KV head, one 64-row CTA of the
+    # wide row split, fp8 caches included in a JAX_PAGED_FP8_WIDE_ROW_SPLIT build.
+    ("bfloat16", 192, 16, 12, 1, [1, 40, 530], False),
 ]
 
 

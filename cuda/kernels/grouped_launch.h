@@ -41,6 +41,17 @@ constexpr int kMaxBlockSize = 32;
 // 16 rows, 32-token tiles, the query rows read from shared memory per product,
 // instead of 16-row CTAs that each read the KV head's pages.
 constexpr bool WideRowSplitHead(int d) { return d > 128; }
+// Development option (twenty-first session, CMake JAX_PAGED_FP8_WIDE_ROW_SPLIT): the
+// wide row split for fp8 caches too (head sizes 192 and 256: 64-row CTAs, 32-token
+// tiles of 16 KB at head 256, the f16-staged query rows read from shared memory per
+// product), instead of 16-row CTAs that each read and widen the KV head's pages
+// (fp8 q_len 16 at head 256 took 3.64x the fp8 decode step and 1.5x bf16's q_len
+// 16 step on the H200, twenty-first session).
+#ifdef JAX_PAGED_FP8_WIDE_ROW_SPLIT
+constexpr bool kFp8WideRowSplit = true;
+#else
+constexpr bool kFp8WideRowSplit = false;
+#endif
 // Whether the row split has 32-row CTAs (two row blocks) besides 64-row ones for
 // caches of celem bytes at head size d: 16-bit caches at head sizes up to 128
 // (the wide and the fp8 row splits have 64-row CTAs only).
@@ -202,9 +213,9 @@ static_assert(GroupedConfig<2, 1, 128, 4>::kStages == 6 && GroupedConfig<2, 1, 1
 
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
 // sizes and head size: 16-bit queries, with caches of the query's dtype (every head
-// size) or fp8 caches (head sizes up to 128).
+// size) or fp8 caches (head sizes up to 128; above with kFp8WideRowSplit).
 constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
-  return qelem == 2 && (celem == 2 || (celem == 1 && !WideRowSplitHead(d)));
+  return qelem == 2 && (celem == 2 || (celem == 1 && (!WideRowSplitHead(d) || kFp8WideRowSplit)));
 }
 
 // Whether the row split's 64-row CTAs can run on the tensor cores' warpgroup
@@ -265,8 +276,9 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   // decode CTAs, which measured faster than one 64-row CTA half idle (H200, 64 x 32
   // x 8 x 4096 e4m3, q_len 8: 254.3 against 331.5 us; 64 rows: 530.0 against
   // 338.2; at head 64, 32 rows: 163.4 against 133.8. BENCHMARKS.md, twenty-first
-  // session).
-  if (celem == 1 && d > 64 && rows_per_kv_head <= 2 * kMaxRows) return 1;
+  // session). (The wide fp8 row split, a development option, takes them too: its
+  // A/B measures 32 rows.)
+  if (celem == 1 && d > 64 && !WideRowSplitHead(d) && rows_per_kv_head <= 2 * kMaxRows) return 1;
   return rows_per_kv_head <= 2 * kMaxRows && TwoRowBlocksAvailable(celem, d) ? 2 : 4;
 }
 

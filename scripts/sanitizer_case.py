@@ -196,8 +196,8 @@ def main() -> int:
             print(f"FAIL paged_attention {name}: exception\n{traceback.format_exc()}", flush=True)
 
     # reshape_and_cache: distinct valid slots, one skipped (-1), one past the cache end.
-    cache_cases = () if args.no_cache_ops else (("bfloat16", 128, 16, 2), ("float32", 64, 8, 3))
-    for dtype, head, bs, hkv in cache_cases:
+    reshape_cases = () if args.no_cache_ops else (("bfloat16", 128, 16, 2), ("float32", 64, 8, 3))
+    for dtype, head, bs, hkv in reshape_cases:
         name = f"{dtype} head {head} block {bs} kv heads {hkv}"
         try:
             _, kc, vc, _, _ = paged_inputs(rng, dtype, head, bs, hkv, hkv, [3 * bs], dev)
@@ -220,7 +220,8 @@ def main() -> int:
             print(f"FAIL reshape_and_cache {name}: exception\n{traceback.format_exc()}", flush=True)
 
     # copy_blocks: valid pairs plus pairs with an id out of range (skipped).
-    for dtype, head, bs in () if args.no_cache_ops else (("float16", 128, 16), ("float32", 256, 32)):
+    copy_cases = () if args.no_cache_ops else (("float16", 128, 16), ("float32", 256, 32))
+    for dtype, head, bs in copy_cases:
         name = f"{dtype} head {head} block {bs}"
         try:
             _, kc, vc, _, _ = paged_inputs(rng, dtype, head, bs, 2, 2, [4 * bs], dev)

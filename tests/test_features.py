@@ -9,6 +9,7 @@ kernel that reads what it must not read produces NaN.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -1137,7 +1138,7 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     # Window 1024: at most 65 blocks (1040 tokens) are read, in >= 256-token pieces.
     assert primitives.grouped_partition_size("cuda", dims, 1024) == 208
     # q_len 16 with 4 heads per KV head: 64 rows = 4 CTAs per KV head, 8 splits.
-    dims16 = _shapes.AttentionDims(**{**dims.__dict__, "q_len": 16})
+    dims16 = dataclasses.replace(dims, q_len=16)
     assert primitives.grouped_partition_size("cuda", dims16) == 4096
     # The same 64 rows in one CTA (the row split): 8 CTAs per partition, 33 splits.
     assert primitives.grouped_partition_size("cuda", dims16, rows_per_cta=64) == 1008
@@ -1147,34 +1148,31 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     # <= 128 as few 16-row blocks as hold the KV head's rows, up to 4; off with
     # JAX_PAGED_ROW_SPLIT=0.
     row_split = os.environ.get("JAX_PAGED_ROW_SPLIT") != "0"
-    dims8 = _shapes.AttentionDims(**{**dims.__dict__, "q_len": 8})
+    dims8 = dataclasses.replace(dims, q_len=8)
     assert primitives.grouped_rows_per_cta(dims16, jnp.bfloat16) == (64 if row_split else 16)
     assert primitives.grouped_rows_per_cta(dims8, jnp.bfloat16) == (32 if row_split else 16)
     assert primitives.grouped_rows_per_cta(dims, jnp.bfloat16) == 16   # 4 rows per KV head
     # A decode step keeps 16-row CTAs, even with 32 query heads per KV head.
-    mqa = _shapes.AttentionDims(**{**dims.__dict__, "num_kv_heads": 1})
+    mqa = dataclasses.replace(dims, num_kv_heads=1)
     assert primitives.grouped_rows_per_cta(mqa, jnp.bfloat16) == 16
     # Not for f32 queries. fp8 caches and head sizes above 128: 64-row CTAs only (no
     # 32-row form); fp8 at head sizes 80-128 only above 32 rows per KV head; fp8 at
     # 192 / 256 only in a build with the development option JAX_PAGED_FP8_WIDE_ROW_SPLIT.
-    def with_(d, **kw):
-        return _shapes.AttentionDims(**{**d.__dict__, **kw})
     fp8 = np.dtype(jnp.float8_e4m3fn)
     split64 = 64 if row_split else 16
-    assert primitives.grouped_rows_per_cta(with_(dims16, cache_dtype=fp8), jnp.bfloat16) == split64
-    assert primitives.grouped_rows_per_cta(with_(dims8, cache_dtype=fp8), jnp.bfloat16) == 16
-    assert primitives.grouped_rows_per_cta(
-        with_(dims8, cache_dtype=fp8, head_size=64), jnp.bfloat16) == split64
+    rows_per_cta = primitives.grouped_rows_per_cta
+    replace = dataclasses.replace
+    assert rows_per_cta(replace(dims16, cache_dtype=fp8), jnp.bfloat16) == split64
+    assert rows_per_cta(replace(dims8, cache_dtype=fp8), jnp.bfloat16) == 16
+    assert rows_per_cta(replace(dims8, cache_dtype=fp8, head_size=64), jnp.bfloat16) == split64
     fp8_wide = "FP8_WIDE_ROW_SPLIT" in jax_paged._native.cuda_development_options()
     for d in (dims16, dims8):
-        assert primitives.grouped_rows_per_cta(
-            with_(d, cache_dtype=fp8, head_size=256), jnp.bfloat16) == (
-                split64 if fp8_wide else 16)
+        assert rows_per_cta(replace(d, cache_dtype=fp8, head_size=256), jnp.bfloat16) == (
+            split64 if fp8_wide else 16)
     assert primitives.grouped_rows_per_cta(dims16, jnp.float32) == 16
     for head_size in (192, 256):
         for d in (dims16, dims8):
-            assert primitives.grouped_rows_per_cta(
-                with_(d, head_size=head_size), jnp.bfloat16) == split64
+            assert rows_per_cta(replace(d, head_size=head_size), jnp.bfloat16) == split64
 
 
 def test_row_split_switch_is_read_by_the_layout():

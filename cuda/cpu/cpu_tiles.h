@@ -124,31 +124,29 @@ static void LogitsRow(const float* __restrict q, const float* __restrict kd, int
   for (int i = t0; i < t1; ++i) s[i] = a[i];
 }
 
+// acc[db + i] += sum_{t in [t0, t1)} p[t] * vt[t][db + i] for i < kWidth: one
+// row's accumulators for kWidth dims, held in registers over the tokens.
+template <int kWidth>
+static JAX_PAGED_CPU_INLINE void ValuesRowDims(const float* __restrict p, const float* __restrict vt,
+                                               int stride, int db, int t0, int t1,
+                                               float* __restrict acc) {
+  float a[kWidth];
+  for (int i = 0; i < kWidth; ++i) a[i] = acc[db + i];
+  for (int t = t0; t < t1; ++t) {
+    const float* v = vt + t * stride + db;
+    const float pt = p[t];
+    for (int i = 0; i < kWidth; ++i) a[i] += pt * v[i];
+  }
+  for (int i = 0; i < kWidth; ++i) acc[db + i] = a[i];
+}
+
 JAX_PAGED_CPU_CLONES
 static void ValuesRow(const float* __restrict p, const float* __restrict vt, int stride, int dims,
                       int t0, int t1, float* __restrict acc) {
   constexpr int kWide = 4 * kDimTile;
   int db = 0;
-  for (; db + kWide <= dims; db += kWide) {
-    float a[kWide];
-    for (int i = 0; i < kWide; ++i) a[i] = acc[db + i];
-    for (int t = t0; t < t1; ++t) {
-      const float* v = vt + t * stride + db;
-      const float pt = p[t];
-      for (int i = 0; i < kWide; ++i) a[i] += pt * v[i];
-    }
-    for (int i = 0; i < kWide; ++i) acc[db + i] = a[i];
-  }
-  for (; db < dims; db += kDimTile) {
-    float a[kDimTile];
-    for (int i = 0; i < kDimTile; ++i) a[i] = acc[db + i];
-    for (int t = t0; t < t1; ++t) {
-      const float* v = vt + t * stride + db;
-      const float pt = p[t];
-      for (int i = 0; i < kDimTile; ++i) a[i] += pt * v[i];
-    }
-    for (int i = 0; i < kDimTile; ++i) acc[db + i] = a[i];
-  }
+  for (; db + kWide <= dims; db += kWide) ValuesRowDims<kWide>(p, vt, stride, db, t0, t1, acc);
+  for (; db < dims; db += kDimTile) ValuesRowDims<kDimTile>(p, vt, stride, db, t0, t1, acc);
 }
 
 // exp(x) for x <= 0 (a logit minus its row's maximum), 0 below -87.33 (where

@@ -51,7 +51,7 @@ ATTENTION_CASES = [
     # split runs as one 64-row CTA (two row blocks idle).
     ("bfloat16", 256, 16, 16, 2, [1, 40, 530], False),
     # Group 12 at head 192: q_len 3 gives 36 rows per KV head, one 64-row CTA of the
-    # wide row split, fp8 caches included in a JAX_PAGED_FP8_WIDE_ROW_SPLIT build.
+    # wide row split, fp8 caches included.
     ("bfloat16", 192, 16, 12, 1, [1, 40, 530], False),
 ]
 

@@ -1006,8 +1006,7 @@ def test_gpu_fp8_row_split_64_rows(cache_dtype, query_dtype, head_size, block_si
     """fp8 caches with 64 (q_len 16) and 48 (q_len 12) query rows per KV head, at edge
     lengths, NaN in every unused slot, per-KV-head scales: one 64-row CTA (the fp8
     loads and widening in the row split's four-slice passes; at head sizes 192 and 256
-    the wide row split's two-slice passes in a build with the development option
-    JAX_PAGED_FP8_WIDE_ROW_SPLIT, else 16-row CTAs). Plain, with LSE and a soft
+    the wide row split's two-slice passes). Plain, with LSE and a soft
     cap, with a window. Then 40 query heads over 8 KV heads at q_len 16: 80 rows
     per KV head, two CTAs of 40 rows each (a row block half full, one empty)."""
     rng = np.random.default_rng(head_size * block_size + 7)
@@ -1156,19 +1155,17 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     mqa = dataclasses.replace(dims, num_kv_heads=1)
     assert primitives.grouped_rows_per_cta(mqa, jnp.bfloat16) == 16
     # Not for f32 queries. fp8 caches and head sizes above 128: 64-row CTAs only (no
-    # 32-row form); fp8 at head sizes 80-128 only above 32 rows per KV head; fp8 at
-    # 192 / 256 only in a build with the development option JAX_PAGED_FP8_WIDE_ROW_SPLIT.
+    # 32-row form); fp8 above head size 64 only above 32 rows per KV head.
     fp8 = np.dtype(jnp.float8_e4m3fn)
     split64 = 64 if row_split else 16
     rows_per_cta = primitives.grouped_rows_per_cta
     replace = dataclasses.replace
-    assert rows_per_cta(replace(dims16, cache_dtype=fp8), jnp.bfloat16) == split64
-    assert rows_per_cta(replace(dims8, cache_dtype=fp8), jnp.bfloat16) == 16
+    for head_size in (128, 192, 256):
+        assert rows_per_cta(replace(dims16, cache_dtype=fp8, head_size=head_size),
+                            jnp.bfloat16) == split64
+        assert rows_per_cta(replace(dims8, cache_dtype=fp8, head_size=head_size),
+                            jnp.bfloat16) == 16
     assert rows_per_cta(replace(dims8, cache_dtype=fp8, head_size=64), jnp.bfloat16) == split64
-    fp8_wide = "FP8_WIDE_ROW_SPLIT" in jax_paged._native.cuda_development_options()
-    for d in (dims16, dims8):
-        assert rows_per_cta(replace(d, cache_dtype=fp8, head_size=256), jnp.bfloat16) == (
-            split64 if fp8_wide else 16)
     assert primitives.grouped_rows_per_cta(dims16, jnp.float32) == 16
     for head_size in (192, 256):
         for d in (dims16, dims8):

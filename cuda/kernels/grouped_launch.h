@@ -41,17 +41,11 @@ constexpr int kMaxBlockSize = 32;
 // 16 rows, 32-token tiles, the query rows read from shared memory per product,
 // instead of 16-row CTAs that each read the KV head's pages.
 constexpr bool WideRowSplitHead(int d) { return d > 128; }
-// Development option (twenty-first session, CMake JAX_PAGED_FP8_WIDE_ROW_SPLIT): the
-// wide row split for fp8 caches too (head sizes 192 and 256: 64-row CTAs, 32-token
-// tiles of 16 KB at head 256, the f16-staged query rows read from shared memory per
-// product), instead of 16-row CTAs that each read and widen the KV head's pages
-// (fp8 q_len 16 at head 256 took 3.64x the fp8 decode step and 1.5x bf16's q_len
-// 16 step on the H200, twenty-first session).
-#ifdef JAX_PAGED_FP8_WIDE_ROW_SPLIT
-constexpr bool kFp8WideRowSplit = true;
-#else
-constexpr bool kFp8WideRowSplit = false;
-#endif
+// fp8 caches take the wide row split too (head sizes 192 and 256: 64-row CTAs,
+// 32-token tiles of 16 KB at head 256, the f16-staged query rows read from shared
+// memory per product; twenty-second session): 16-row CTAs, each reading and
+// widening the KV head's pages, took 979.5 us at q_len 16, head 256 on the H200
+// (3.6x the fp8 decode step), the row split 637.9 (BENCHMARKS.md).
 // Whether the row split has 32-row CTAs (two row blocks) besides 64-row ones for
 // caches of celem bytes at head size d: 16-bit caches at head sizes up to 128
 // (the wide and the fp8 row splits have 64-row CTAs only).
@@ -210,12 +204,16 @@ static_assert(GroupedConfig<2, 2, 256, 4>::kTile == 32 && GroupedConfig<2, 2, 25
 static_assert(GroupedConfig<2, 1, 128, 4>::kStages == 6 && GroupedConfig<2, 1, 128, 4>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 64, 4>::kStages == 6 && GroupedConfig<2, 1, 64, 4>::kCtasPerSm == 4,
               "the fp8 row split (BENCHMARKS.md, nineteenth session)");
+static_assert(GroupedConfig<2, 1, 256, 4>::kTile == 32 && GroupedConfig<2, 1, 256, 4>::kStages == 4 &&
+                  GroupedConfig<2, 1, 256, 4>::kCtasPerSm == 2 &&
+                  GroupedConfig<2, 1, 192, 4>::kStages == 6 && GroupedConfig<2, 1, 192, 4>::kCtasPerSm == 2,
+              "the fp8 wide row split (BENCHMARKS.md, twenty-second session)");
 
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
 // sizes and head size: 16-bit queries, with caches of the query's dtype (every head
-// size) or fp8 caches (head sizes up to 128; above with kFp8WideRowSplit).
-constexpr bool RowSplitAvailable(int qelem, int celem, int d) {
-  return qelem == 2 && (celem == 2 || (celem == 1 && (!WideRowSplitHead(d) || kFp8WideRowSplit)));
+// size) or fp8 caches (every head size too, the fp8 caches' D % 16 == 0).
+constexpr bool RowSplitAvailable(int qelem, int celem, int /*d*/) {
+  return qelem == 2 && (celem == 2 || celem == 1);
 }
 
 // Whether the row split's 64-row CTAs can run on the tensor cores' warpgroup
@@ -274,11 +272,11 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
     return 1;
   // fp8 caches (64-row CTAs only) above head size 64: 17-32 rows stay in two 16-row
   // decode CTAs, which measured faster than one 64-row CTA half idle (H200, 64 x 32
-  // x 8 x 4096 e4m3, q_len 8: 254.3 against 331.5 us; 64 rows: 530.0 against
-  // 338.2; at head 64, 32 rows: 163.4 against 133.8. BENCHMARKS.md, twenty-first
-  // session). (The wide fp8 row split, a development option, takes them too: its
-  // A/B measures 32 rows.)
-  if (celem == 1 && d > 64 && !WideRowSplitHead(d) && rows_per_kv_head <= 2 * kMaxRows) return 1;
+  // x 8 x 4096 e4m3, q_len 8: at head 128 254.3 against 331.5 us (64 rows: 530.0
+  // against 338.2), at 192 426.5 against 514.6, at 256 531.6 against 611.6; at head
+  // 64, 32 rows: 163.4 against 133.8. BENCHMARKS.md, twenty-first and twenty-second
+  // sessions).
+  if (celem == 1 && d > 64 && rows_per_kv_head <= 2 * kMaxRows) return 1;
   return rows_per_kv_head <= 2 * kMaxRows && TwoRowBlocksAvailable(celem, d) ? 2 : 4;
 }
 

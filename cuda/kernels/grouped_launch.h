@@ -60,7 +60,7 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // caches, which need QELEM == 2: they are widened to f16 in registers,
 // exactly, for the f16 tensor cores). D: head size.
 // kRowBlocks (1, 2 or 4; more than 1 only for 16-bit queries: 2 or 4 for 16-bit
-// caches at D <= 128, 4 at D 192 / 256 and for fp8 caches at D <= 128, see
+// caches at D <= 128, 4 at D 192 / 256 and for fp8 caches, see
 // RowBlocks): blocks of 16 query rows per CTA.
 // With kRowBlocks > 1 the warps split over rows as well as tokens: warp w owns
 // row block w / kSliceGroups and computes every kSliceGroups-th token slice of

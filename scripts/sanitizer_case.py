@@ -53,6 +53,9 @@ ATTENTION_CASES = [
     # Group 12 at head 192: q_len 3 gives 36 rows per KV head, one 64-row CTA of the
     # wide row split, fp8 caches included.
     ("bfloat16", 192, 16, 12, 1, [1, 40, 530], False),
+    # Group 8 at head 128: q_len 3 gives 24 rows per KV head, a 32-row CTA (two row
+    # blocks, the second half empty), fp8 caches included.
+    ("bfloat16", 128, 16, 8, 1, [1, 40, 530], False),
 ]
 
 

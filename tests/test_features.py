@@ -985,8 +985,8 @@ def test_gpu_row_split_uneven_rows_with_alibi(head_size, block_size, cache_dtype
     full CTAs, the second starting at row 64), with ALiBi slopes that make the
     running maxima grow (lazy rescales, f16 probabilities up to 2^8) and with a soft
     cap and LSE; head 256 at 32-token pages (one page per wide tile) and 192 at 8
-    in the wide row split, and fp8 (20 rows: two 16-row CTAs; 80 and 128: the fp8
-    row split)."""
+    in the wide row split, and fp8 (20 rows: a 32-row CTA; 80 and 128: the fp8
+    row split's 64-row CTAs)."""
     rng = np.random.default_rng(head_size + block_size)
     lens = [0, 1, 4, 5, 31, 32, 33, 500, 1100]
     for num_heads, q_len in ((32, 5), (40, 16), (64, 16)):
@@ -1010,17 +1010,52 @@ def test_gpu_fp8_row_split_64_rows(cache_dtype, query_dtype, head_size, block_si
     cap, with a window. Then 40 query heads over 8 KV heads at q_len 16: 80 rows
     per KV head, two CTAs of 40 rows each (a row block half full, one empty)."""
     rng = np.random.default_rng(head_size * block_size + 7)
-    lens = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
+    scales = _check_fp8_row_split(rng, 32, (16, 12), head_size, block_size, cache_dtype,
+                                  query_dtype)
+    inp = make_inputs(rng, _FP8_ROW_SPLIT_LENS, 40, 8, head_size, block_size, cache_dtype,
+                      query_dtype=query_dtype, q_len=16)
+    compare("gpu", inp, "grouped", return_lse=True, **scales)
+
+
+_FP8_ROW_SPLIT_LENS = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
+
+
+def _check_fp8_row_split(rng, num_heads, q_lens, head_size, block_size, cache_dtype,
+                         query_dtype):
+    """fp8 caches over 8 KV heads at edge lengths (NaN in unused slots), per-KV-head K
+    scales: plain, with LSE and a soft cap, with a window, for each q_len. Returns the
+    scales."""
     scales = dict(k_scale=_scales("per_head", 8, rng), v_scale=np.float32(0.8))
-    for q_len in (16, 12):
-        inp = make_inputs(rng, lens, 32, 8, head_size, block_size, cache_dtype,
-                          query_dtype=query_dtype, q_len=q_len)
+    for q_len in q_lens:
+        inp = make_inputs(rng, _FP8_ROW_SPLIT_LENS, num_heads, 8, head_size, block_size,
+                          cache_dtype, query_dtype=query_dtype, q_len=q_len)
         compare("gpu", inp, "grouped", **scales)
         compare("gpu", inp, "grouped", return_lse=True, soft_cap=10.0, **scales)
         compare("gpu", inp, "grouped", sliding_window=100, **scales)
-    inp = make_inputs(rng, lens, 40, 8, head_size, block_size, cache_dtype,
-                      query_dtype=query_dtype, q_len=16)
-    compare("gpu", inp, "grouped", return_lse=True, **scales)
+    return scales
+
+
+@requires_gpu
+@pytest.mark.parametrize("cache_dtype,query_dtype", [(jnp.float8_e4m3fn, jnp.bfloat16),
+                                                     (jnp.float8_e5m2, jnp.float16)])
+@pytest.mark.parametrize("head_size,block_size", [(128, 16), (64, 8), (96, 32), (80, 16),
+                                                  (112, 8)])
+def test_gpu_fp8_row_split_32_rows(cache_dtype, query_dtype, head_size, block_size):
+    """fp8 caches with 17-32 query rows per KV head at head sizes up to 128: one
+    32-row CTA (two row blocks, each warp two slices of a 64-token tile, two slice
+    partials merged per row): 32 rows (q_len 8, group 4), 20 (q_len 5: the second row
+    block a quarter full) and 24 (q_len 3, group 8), at edge lengths with NaN in every
+    unused slot, per-KV-head scales; plain, with LSE and a soft cap, with a window."""
+    row_split = os.environ.get("JAX_PAGED_ROW_SPLIT") != "0"
+    fp8_32 = row_split and os.environ.get("JAX_PAGED_FP8_32_ROWS") != "0"
+    dims = _shapes.AttentionDims(num_seqs=1, num_heads=32, head_size=head_size, num_blocks=64,
+                                 num_kv_heads=8, block_size=block_size, max_blocks_per_seq=64,
+                                 q_len=8, cache_dtype=np.dtype(cache_dtype))
+    assert primitives.grouped_rows_per_cta(dims, query_dtype) == (32 if fp8_32 else (
+        64 if row_split and head_size <= 64 else 16))
+    rng = np.random.default_rng(head_size * block_size + 11)
+    _check_fp8_row_split(rng, 32, (8, 5), head_size, block_size, cache_dtype, query_dtype)
+    _check_fp8_row_split(rng, 64, (3,), head_size, block_size, cache_dtype, query_dtype)
 
 
 @requires_gpu
@@ -1154,18 +1189,24 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     # A decode step keeps 16-row CTAs, even with 32 query heads per KV head.
     mqa = dataclasses.replace(dims, num_kv_heads=1)
     assert primitives.grouped_rows_per_cta(mqa, jnp.bfloat16) == 16
-    # Not for f32 queries. fp8 caches and head sizes above 128: 64-row CTAs only (no
-    # 32-row form); fp8 above head size 64 only above 32 rows per KV head.
+    # Not for f32 queries. Head sizes above 128: 64-row CTAs only (no 32-row form),
+    # fp8 caches there only above 32 rows per KV head; fp8 caches at head sizes up to
+    # 128: 32-row CTAs too (JAX_PAGED_FP8_32_ROWS=0: the rule before them).
     fp8 = np.dtype(jnp.float8_e4m3fn)
     split64 = 64 if row_split else 16
     rows_per_cta = primitives.grouped_rows_per_cta
     replace = dataclasses.replace
-    for head_size in (128, 192, 256):
+    fp8_32 = os.environ.get("JAX_PAGED_FP8_32_ROWS") != "0"
+    for head_size in (64, 128, 192, 256):
         assert rows_per_cta(replace(dims16, cache_dtype=fp8, head_size=head_size),
                             jnp.bfloat16) == split64
+    for head_size in (64, 128):
+        assert rows_per_cta(replace(dims8, cache_dtype=fp8, head_size=head_size),
+                            jnp.bfloat16) == (32 if row_split and fp8_32 else (
+                                split64 if head_size == 64 else 16))
+    for head_size in (192, 256):
         assert rows_per_cta(replace(dims8, cache_dtype=fp8, head_size=head_size),
                             jnp.bfloat16) == 16
-    assert rows_per_cta(replace(dims8, cache_dtype=fp8, head_size=64), jnp.bfloat16) == split64
     assert primitives.grouped_rows_per_cta(dims16, jnp.float32) == 16
     for head_size in (192, 256):
         for d in (dims16, dims8):

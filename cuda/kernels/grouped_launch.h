@@ -41,15 +41,19 @@ constexpr int kMaxBlockSize = 32;
 // 16 rows, 32-token tiles, the query rows read from shared memory per product,
 // instead of 16-row CTAs that each read the KV head's pages.
 constexpr bool WideRowSplitHead(int d) { return d > 128; }
-// fp8 caches take the wide row split too (head sizes 192 and 256: 64-row CTAs,
-// 32-token tiles of 16 KB at head 256, the f16-staged query rows read from shared
-// memory per product; twenty-second session): 16-row CTAs, each reading and
-// widening the KV head's pages, took 979.5 us at q_len 16, head 256 on the H200
-// (3.6x the fp8 decode step), the row split 637.9 (BENCHMARKS.md).
+// (fp8 caches take it too: 32-token tiles of 16 KB at head 256, the f16-staged
+// query rows read from shared memory per product; twenty-second session: 16-row
+// CTAs, each reading and widening the KV head's pages, took 979.5 us at q_len 16,
+// head 256 on the H200, 3.6x the fp8 decode step, the row split 637.9;
+// BENCHMARKS.md.)
 // Whether the row split has 32-row CTAs (two row blocks) besides 64-row ones for
-// caches of celem bytes at head size d: 16-bit caches at head sizes up to 128
-// (the wide and the fp8 row splits have 64-row CTAs only).
-constexpr bool TwoRowBlocksAvailable(int celem, int d) { return celem == 2 && !WideRowSplitHead(d); }
+// caches of celem bytes at head size d: at head sizes up to 128 (the wide row split
+// has 64-row CTAs only); for fp8 caches since the twenty-second session (before,
+// 17-32 rows of an fp8 KV head took two 16-row CTAs above head size 64, or one
+// 64-row CTA at 64; see RowBlocks).
+constexpr bool TwoRowBlocksAvailable(int celem, int d) {
+  return (celem == 2 || celem == 1) && !WideRowSplitHead(d);
+}
 
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
@@ -224,7 +228,7 @@ constexpr bool RowSplitAvailable(int qelem, int celem, int /*d*/) {
 // kernel measured slower than mma.sync there, H200: 204.1 against 185.5 us at
 // 64 x 32 x 8 x 4096, q_len 16.)
 constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
-  return RowSplitAvailable(qelem, celem, d) && TwoRowBlocksAvailable(celem, d) && d % 16 == 0 &&
+  return RowSplitAvailable(qelem, celem, d) && celem == 2 && !WideRowSplitHead(d) && d % 16 == 0 &&
          d > 64;
 }
 
@@ -232,6 +236,13 @@ constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
 // once): for A/B benchmarks in one build, and as an escape hatch.
 inline bool RowSplitEnabled() {
   static const bool enabled = !EnvIs("JAX_PAGED_ROW_SPLIT", "0");
+  return enabled;
+}
+
+// JAX_PAGED_FP8_32_ROWS=0 (read once) gives fp8 caches with 17-32 rows per KV head
+// the rule before 32-row fp8 CTAs existed (RowBlocks): for their A/B in one build.
+inline bool Fp8ThirtyTwoRowsEnabled() {
+  static const bool enabled = !EnvIs("JAX_PAGED_FP8_32_ROWS", "0");
   return enabled;
 }
 
@@ -270,13 +281,16 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   if (!RowSplitAvailable(qelem, celem, d) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
     return 1;
-  // fp8 caches (64-row CTAs only) above head size 64: 17-32 rows stay in two 16-row
-  // decode CTAs, which measured faster than one 64-row CTA half idle (H200, 64 x 32
-  // x 8 x 4096 e4m3, q_len 8: at head 128 254.3 against 331.5 us (64 rows: 530.0
-  // against 338.2), at 192 426.5 against 514.6, at 256 531.6 against 611.6; at head
-  // 64, 32 rows: 163.4 against 133.8. BENCHMARKS.md, twenty-first and twenty-second
-  // sessions).
-  if (celem == 1 && d > 64 && rows_per_kv_head <= 2 * kMaxRows) return 1;
+  // fp8 caches with 17-32 rows per KV head: 32-row CTAs at head sizes up to 128
+  // (twenty-second session); above, and with JAX_PAGED_FP8_32_ROWS=0 above head
+  // size 64, two 16-row decode CTAs, which measured faster than one 64-row CTA half
+  // idle (H200, 64 x 32 x 8 x 4096 e4m3, q_len 8: at head 128 254.3 against 331.5
+  // us (64 rows: 530.0 against 338.2), at 192 426.5 against 514.6, at 256 531.6
+  // against 611.6; at head 64 the 64-row CTA was faster, 163.4 against 133.8.
+  // BENCHMARKS.md, twenty-first and twenty-second sessions).
+  if (celem == 1 && rows_per_kv_head <= 2 * kMaxRows &&
+      !(TwoRowBlocksAvailable(celem, d) && Fp8ThirtyTwoRowsEnabled()))
+    return d > 64 ? 1 : 4;
   return rows_per_kv_head <= 2 * kMaxRows && TwoRowBlocksAvailable(celem, d) ? 2 : 4;
 }
 

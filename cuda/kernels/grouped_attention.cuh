@@ -738,9 +738,9 @@ __global__ void __launch_bounds__(
       // multiple of 4 tokens), so the second n-tile's K is 2 * 16 bytes on.
 #pragma unroll
       for (int h = 0; h < kSub; ++h) {
-        const int tk = slice_tok + 16 * h + 4 * (gid >> 1) + (gid & 1);
+        const int tk = slice_tok + kSubStride * h + 4 * (gid >> 1) + (gid & 1);
         k8_off[h] = (tk >> log2_bs) * page_elems + (tk & (BS - 1)) * 16 + 4 * tq;
-        const int tv = slice_tok + 16 * h + 4 * tq;
+        const int tv = slice_tok + kSubStride * h + 4 * tq;
         v8_off[h] = (tv >> log2_bs) * page_elems + (dim0 + gid) * BS + (tv & (BS - 1));
       }
     } else {

@@ -46,13 +46,23 @@ constexpr bool WideRowSplitHead(int d) { return d > 128; }
 // CTAs, each reading and widening the KV head's pages, took 979.5 us at q_len 16,
 // head 256 on the H200, 3.6x the fp8 decode step, the row split 637.9;
 // BENCHMARKS.md.)
+// Development option (twenty-second session, CMake JAX_PAGED_FP8_32_ROWS): 32-row
+// CTAs for fp8 caches at head sizes up to 128 (17-32 rows per KV head, e.g. q_len 8
+// at group 4), instead of two 16-row CTAs that each read and widen the KV head's
+// pages (above head size 64; at 64 one 64-row CTA, half idle). Its first GPU run
+// gave wrong results past a tile's first 32 tokens: the fp8 fragment offsets
+// stepped 16 tokens per slice where a 32-row CTA's warp steps 32 (kSubStride);
+// fixed since, not yet run again (BENCHMARKS.md, twenty-second session).
+#ifdef JAX_PAGED_FP8_32_ROWS
+constexpr bool kFp8TwoRowBlocks = true;
+#else
+constexpr bool kFp8TwoRowBlocks = false;
+#endif
 // Whether the row split has 32-row CTAs (two row blocks) besides 64-row ones for
-// caches of celem bytes at head size d: at head sizes up to 128 (the wide row split
-// has 64-row CTAs only); for fp8 caches since the twenty-second session (before,
-// 17-32 rows of an fp8 KV head took two 16-row CTAs above head size 64, or one
-// 64-row CTA at 64; see RowBlocks).
+// caches of celem bytes at head size d: 16-bit caches at head sizes up to 128 (the
+// wide row split has 64-row CTAs only), fp8 caches too with kFp8TwoRowBlocks.
 constexpr bool TwoRowBlocksAvailable(int celem, int d) {
-  return (celem == 2 || celem == 1) && !WideRowSplitHead(d);
+  return (celem == 2 || (celem == 1 && kFp8TwoRowBlocks)) && !WideRowSplitHead(d);
 }
 
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -239,8 +249,9 @@ inline bool RowSplitEnabled() {
   return enabled;
 }
 
-// JAX_PAGED_FP8_32_ROWS=0 (read once) gives fp8 caches with 17-32 rows per KV head
-// the rule before 32-row fp8 CTAs existed (RowBlocks): for their A/B in one build.
+// In a build with the development option JAX_PAGED_FP8_32_ROWS, the environment
+// variable JAX_PAGED_FP8_32_ROWS=0 (read once) gives fp8 caches with 17-32 rows per
+// KV head the default rule (RowBlocks): for the option's A/B in one build.
 inline bool Fp8ThirtyTwoRowsEnabled() {
   static const bool enabled = !EnvIs("JAX_PAGED_FP8_32_ROWS", "0");
   return enabled;
@@ -281,13 +292,12 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   if (!RowSplitAvailable(qelem, celem, d) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
     return 1;
-  // fp8 caches with 17-32 rows per KV head: 32-row CTAs at head sizes up to 128
-  // (twenty-second session); above, and with JAX_PAGED_FP8_32_ROWS=0 above head
-  // size 64, two 16-row decode CTAs, which measured faster than one 64-row CTA half
-  // idle (H200, 64 x 32 x 8 x 4096 e4m3, q_len 8: at head 128 254.3 against 331.5
-  // us (64 rows: 530.0 against 338.2), at 192 426.5 against 514.6, at 256 531.6
-  // against 611.6; at head 64 the 64-row CTA was faster, 163.4 against 133.8.
-  // BENCHMARKS.md, twenty-first and twenty-second sessions).
+  // fp8 caches with 17-32 rows per KV head: above head size 64 two 16-row decode
+  // CTAs, which measured faster than one 64-row CTA half idle (H200, 64 x 32 x 8 x
+  // 4096 e4m3, q_len 8: at head 128 254.3 against 331.5 us (64 rows: 530.0 against
+  // 338.2), at 192 426.5 against 514.6, at 256 531.6 against 611.6); at head 64
+  // one 64-row CTA, faster there (133.8 against 163.4; BENCHMARKS.md, twenty-first
+  // and twenty-second sessions). 32-row CTAs in a JAX_PAGED_FP8_32_ROWS build.
   if (celem == 1 && rows_per_kv_head <= 2 * kMaxRows &&
       !(TwoRowBlocksAvailable(celem, d) && Fp8ThirtyTwoRowsEnabled()))
     return d > 64 ? 1 : 4;

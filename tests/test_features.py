@@ -1020,6 +1020,19 @@ def test_gpu_fp8_row_split_64_rows(cache_dtype, query_dtype, head_size, block_si
 _FP8_ROW_SPLIT_LENS = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
 
 
+def _fp8_rows_per_cta_17_to_32(head_size: int) -> int:
+    """The CUDA grouped kernel's rows per CTA for fp8 caches with 17-32 query rows per
+    KV head (RowBlocks in grouped_launch.h): 32-row CTAs at head sizes up to 128 in a
+    JAX_PAGED_FP8_32_ROWS build (unless JAX_PAGED_FP8_32_ROWS=0), else one 64-row CTA
+    at head size 64 and 16-row CTAs above; 16 with JAX_PAGED_ROW_SPLIT=0."""
+    if os.environ.get("JAX_PAGED_ROW_SPLIT") == "0":
+        return 16
+    if (head_size <= 128 and os.environ.get("JAX_PAGED_FP8_32_ROWS") != "0" and
+            "FP8_32_ROWS" in jax_paged._native.cuda_development_options()):
+        return 32
+    return 64 if head_size <= 64 else 16
+
+
 def _check_fp8_row_split(rng, num_heads, q_lens, head_size, block_size, cache_dtype,
                          query_dtype):
     """fp8 caches over 8 KV heads at edge lengths (NaN in unused slots), per-KV-head K
@@ -1048,14 +1061,11 @@ def test_gpu_fp8_row_split_32_rows(cache_dtype, query_dtype, head_size, block_si
     with the development option JAX_PAGED_FP8_32_ROWS one 32-row CTA (two row blocks,
     each warp two slices of a 64-token tile, 32 tokens apart; the second row block a
     quarter full at 20 rows)."""
-    row_split = os.environ.get("JAX_PAGED_ROW_SPLIT") != "0"
-    fp8_32 = (row_split and os.environ.get("JAX_PAGED_FP8_32_ROWS") != "0" and
-              "FP8_32_ROWS" in jax_paged._native.cuda_development_options())
     dims = _shapes.AttentionDims(num_seqs=1, num_heads=32, head_size=head_size, num_blocks=64,
                                  num_kv_heads=8, block_size=block_size, max_blocks_per_seq=64,
                                  q_len=8, cache_dtype=np.dtype(cache_dtype))
-    assert primitives.grouped_rows_per_cta(dims, query_dtype) == (32 if fp8_32 else (
-        64 if row_split and head_size <= 64 else 16))
+    assert primitives.grouped_rows_per_cta(dims, query_dtype) == _fp8_rows_per_cta_17_to_32(
+        head_size)
     rng = np.random.default_rng(head_size * block_size + 11)
     _check_fp8_row_split(rng, 32, (8, 5), head_size, block_size, cache_dtype, query_dtype)
     _check_fp8_row_split(rng, 64, (3,), head_size, block_size, cache_dtype, query_dtype)
@@ -1199,18 +1209,11 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     split64 = 64 if row_split else 16
     rows_per_cta = primitives.grouped_rows_per_cta
     replace = dataclasses.replace
-    fp8_32 = (os.environ.get("JAX_PAGED_FP8_32_ROWS") != "0" and
-              "FP8_32_ROWS" in jax_paged._native.cuda_development_options())
     for head_size in (64, 128, 192, 256):
         assert rows_per_cta(replace(dims16, cache_dtype=fp8, head_size=head_size),
                             jnp.bfloat16) == split64
-    for head_size in (64, 128):
         assert rows_per_cta(replace(dims8, cache_dtype=fp8, head_size=head_size),
-                            jnp.bfloat16) == (32 if row_split and fp8_32 else (
-                                split64 if head_size == 64 else 16))
-    for head_size in (192, 256):
-        assert rows_per_cta(replace(dims8, cache_dtype=fp8, head_size=head_size),
-                            jnp.bfloat16) == 16
+                            jnp.bfloat16) == _fp8_rows_per_cta_17_to_32(head_size)
     assert primitives.grouped_rows_per_cta(dims16, jnp.float32) == 16
     for head_size in (192, 256):
         for d in (dims16, dims8):

@@ -32,8 +32,8 @@
 //     BS tokens are contiguous), the softmax sum over the unrounded P. fp32
 //     accumulation. fp8 caches: the same in f16 (see below).
 //   * f32: the same fragment layout computed with fp32 FMAs (CUDA cores).
-// Row split (multi-token queries with 16-bit queries: 16-bit caches at every head
-// size, fp8 caches up to D 128; see RowBlocks in grouped_launch.h): a KV head with more than 16 query rows takes CTAs of 32 or 64 rows
+// Row split (multi-token queries with 16-bit queries, every cache dtype and head
+// size; see RowBlocks in grouped_launch.h): a KV head with more than 16 query rows takes CTAs of 32 or 64 rows
 // instead of 16 (two or four row blocks), the warps split over row blocks and,
 // with two, over pairs of slices; each warp holds its 16 query rows in
 // registers and computes all its slices of a tile in one pass (independent
@@ -1751,8 +1751,7 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device)
 // multi-token queries with more than 16 query rows per KV head (q_len * group),
 // which would otherwise take several 16-row CTAs that each read the KV head's
 // pages; else SelectGroupedKernelOf's 16-row kernel. (Only where RowSplitAvailable
-// are row-split kernels instantiated: 16-bit queries, with 16-bit caches at every
-// head size or fp8 caches at head sizes <= 128.)
+// are row-split kernels instantiated: 16-bit queries.)
 template <typename T, typename TC, int D>
 GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p, int device) {
   return WithRowBlocks<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(

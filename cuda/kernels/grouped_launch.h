@@ -223,12 +223,9 @@ static_assert(GroupedConfig<2, 1, 256, 4>::kTile == 32 && GroupedConfig<2, 1, 25
                   GroupedConfig<2, 1, 192, 4>::kStages == 6 && GroupedConfig<2, 1, 192, 4>::kCtasPerSm == 2,
               "the fp8 wide row split (BENCHMARKS.md, twenty-second session)");
 
-// Whether the row split (GroupedConfig's kRowBlocks > 1) exists for these element
-// sizes and head size: 16-bit queries, with caches of the query's dtype (every head
-// size) or fp8 caches (every head size too, the fp8 caches' D % 16 == 0).
-constexpr bool RowSplitAvailable(int qelem, int celem, int /*d*/) {
-  return qelem == 2 && (celem == 2 || celem == 1);
-}
+// Whether the row split (GroupedConfig's kRowBlocks > 1) exists for queries of
+// qelem bytes: 16-bit queries (the tensor cores), with any cache dtype and head size.
+constexpr bool RowSplitAvailable(int qelem) { return qelem == 2; }
 
 // Whether the row split's 64-row CTAs can run on the tensor cores' warpgroup
 // products (wgmma, grouped_attention.cuh's kWgmma): 16-bit caches of the query's
@@ -238,8 +235,7 @@ constexpr bool RowSplitAvailable(int qelem, int celem, int /*d*/) {
 // kernel measured slower than mma.sync there, H200: 204.1 against 185.5 us at
 // 64 x 32 x 8 x 4096, q_len 16.)
 constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
-  return RowSplitAvailable(qelem, celem, d) && celem == 2 && !WideRowSplitHead(d) && d % 16 == 0 &&
-         d > 64;
+  return RowSplitAvailable(qelem) && celem == 2 && !WideRowSplitHead(d) && d % 16 == 0 && d > 64;
 }
 
 // The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read
@@ -289,7 +285,7 @@ inline int GroupedGridPartitions(const PagedAttentionParams& p) {
 // on the H200, 16 x 32 x 1 x 4096 (32 rows per KV head) took 23.5 us in 32-row CTAs
 // against 18.5 in 16-row ones; BENCHMARKS.md, eleventh session.)
 inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_head) {
-  if (!RowSplitAvailable(qelem, celem, d) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
+  if (!RowSplitAvailable(qelem) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
     return 1;
   // fp8 caches with 17-32 rows per KV head: above head size 64 two 16-row decode
@@ -310,7 +306,7 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
 // Row blocks other than 1 are instantiated only where RowSplitAvailable.
 template <int QELEM, int CELEM, int D, typename F>
 auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
-  if constexpr (RowSplitAvailable(QELEM, CELEM, D)) {
+  if constexpr (RowSplitAvailable(QELEM)) {
     switch (RowBlocks(QELEM, CELEM, D, q_len, rows_per_kv_head)) {
       case 4: return f(std::integral_constant<int, 4>{});
       case 2:

@@ -165,10 +165,9 @@ def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
 def grouped_rows_per_cta(dims: _shapes.AttentionDims, query_dtype) -> int:
     """Query rows per CTA of the CUDA grouped kernel this call runs: 16 (one
     tensor-core row tile), or 32 or 64 for multi-token queries with more than
-    16 rows per KV head (the row split, 16-bit queries: 32 or 64 rows for 16-bit
-    caches at head sizes <= 128, 64 at larger heads, and 64 for fp8 caches above 32
-    rows per KV head, or above 16 at head sizes <= 64; the
-    environment variable JAX_PAGED_ROW_SPLIT=0 switches it off); 16 without the
+    16 rows per KV head (the row split, 16-bit queries: 32 or 64 rows at head sizes
+    <= 128, 64 at larger heads, there for fp8 caches only above 32 rows per KV head;
+    the environment variable JAX_PAGED_ROW_SPLIT=0 switches it off); 16 without the
     module."""
     module = _native.cuda_module
     if module is None:

@@ -985,8 +985,8 @@ def test_gpu_row_split_uneven_rows_with_alibi(head_size, block_size, cache_dtype
     full CTAs, the second starting at row 64), with ALiBi slopes that make the
     running maxima grow (lazy rescales, f16 probabilities up to 2^8) and with a soft
     cap and LSE; head 256 at 32-token pages (one page per wide tile) and 192 at 8
-    in the wide row split, and fp8 (20 rows: two 16-row CTAs, a 32-row CTA in a
-    JAX_PAGED_FP8_32_ROWS build; 80 and 128: the fp8 row split's 64-row CTAs)."""
+    in the wide row split, and fp8 (20 rows: one 32-row CTA; 80 and 128: the fp8 row
+    split's 64-row CTAs)."""
     rng = np.random.default_rng(head_size + block_size)
     lens = [0, 1, 4, 5, 31, 32, 33, 500, 1100]
     for num_heads, q_len in ((32, 5), (40, 16), (64, 16)):
@@ -1022,15 +1022,12 @@ _FP8_ROW_SPLIT_LENS = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
 
 def _fp8_rows_per_cta_17_to_32(head_size: int) -> int:
     """The CUDA grouped kernel's rows per CTA for fp8 caches with 17-32 query rows per
-    KV head (RowBlocks in grouped_launch.h): 32-row CTAs at head sizes up to 128 in a
-    JAX_PAGED_FP8_32_ROWS build (unless JAX_PAGED_FP8_32_ROWS=0), else one 64-row CTA
-    at head size 64 and 16-row CTAs above; 16 with JAX_PAGED_ROW_SPLIT=0."""
+    KV head (RowBlocks in grouped_launch.h): 32-row CTAs at head sizes up to 128,
+    16-row CTAs above (the wide row split has 64-row CTAs only, slower there); 16 with
+    JAX_PAGED_ROW_SPLIT=0."""
     if os.environ.get("JAX_PAGED_ROW_SPLIT") == "0":
         return 16
-    if (head_size <= 128 and os.environ.get("JAX_PAGED_FP8_32_ROWS") != "0" and
-            "FP8_32_ROWS" in jax_paged._native.cuda_development_options()):
-        return 32
-    return 64 if head_size <= 64 else 16
+    return 32 if head_size <= 128 else 16
 
 
 def _check_fp8_row_split(rng, num_heads, q_lens, head_size, block_size, cache_dtype,
@@ -1057,10 +1054,8 @@ def test_gpu_fp8_row_split_32_rows(cache_dtype, query_dtype, head_size, block_si
     """fp8 caches with 17-32 query rows per KV head at head sizes up to 128: 32 rows
     (q_len 8, group 4), 20 (q_len 5) and 24 (q_len 3, group 8), at edge lengths with
     NaN in every unused slot, per-KV-head scales; plain, with LSE and a soft cap, with
-    a window. By default two 16-row CTAs (one 64-row CTA at head size 64); in a build
-    with the development option JAX_PAGED_FP8_32_ROWS one 32-row CTA (two row blocks,
-    each warp two slices of a 64-token tile, 32 tokens apart; the second row block a
-    quarter full at 20 rows)."""
+    a window. One 32-row CTA (two row blocks, each warp two slices of a 64-token tile,
+    32 tokens apart; the second row block a quarter full at 20 rows)."""
     dims = _shapes.AttentionDims(num_seqs=1, num_heads=32, head_size=head_size, num_blocks=64,
                                  num_kv_heads=8, block_size=block_size, max_blocks_per_seq=64,
                                  q_len=8, cache_dtype=np.dtype(cache_dtype))
@@ -1203,8 +1198,8 @@ def test_grouped_partition_size_follows_window_and_query_rows(monkeypatch):
     mqa = dataclasses.replace(dims, num_kv_heads=1)
     assert primitives.grouped_rows_per_cta(mqa, jnp.bfloat16) == 16
     # Not for f32 queries. Head sizes above 128: 64-row CTAs only (no 32-row form),
-    # fp8 caches there only above 32 rows per KV head; fp8 caches at head sizes 80-128
-    # too, at 64 above 16 rows (32-row CTAs in a JAX_PAGED_FP8_32_ROWS build).
+    # fp8 caches there only above 32 rows per KV head; fp8 caches at head sizes up to
+    # 128 as 16-bit ones (32 or 64 rows).
     fp8 = np.dtype(jnp.float8_e4m3fn)
     split64 = 64 if row_split else 16
     rows_per_cta = primitives.grouped_rows_per_cta

@@ -46,24 +46,12 @@ constexpr bool WideRowSplitHead(int d) { return d > 128; }
 // CTAs, each reading and widening the KV head's pages, took 979.5 us at q_len 16,
 // head 256 on the H200, 3.6x the fp8 decode step, the row split 637.9;
 // BENCHMARKS.md.)
-// Development option (twenty-second session, CMake JAX_PAGED_FP8_32_ROWS): 32-row
-// CTAs for fp8 caches at head sizes up to 128 (17-32 rows per KV head, e.g. q_len 8
-// at group 4), instead of two 16-row CTAs that each read and widen the KV head's
-// pages (above head size 64; at 64 one 64-row CTA, half idle). Its first GPU run
-// gave wrong results past a tile's first 32 tokens: the fp8 fragment offsets
-// stepped 16 tokens per slice where a 32-row CTA's warp steps 32 (kSubStride);
-// fixed since, not yet run again (BENCHMARKS.md, twenty-second session).
-#ifdef JAX_PAGED_FP8_32_ROWS
-constexpr bool kFp8TwoRowBlocks = true;
-#else
-constexpr bool kFp8TwoRowBlocks = false;
-#endif
-// Whether the row split has 32-row CTAs (two row blocks) besides 64-row ones for
-// caches of celem bytes at head size d: 16-bit caches at head sizes up to 128 (the
-// wide row split has 64-row CTAs only), fp8 caches too with kFp8TwoRowBlocks.
-constexpr bool TwoRowBlocksAvailable(int celem, int d) {
-  return (celem == 2 || (celem == 1 && kFp8TwoRowBlocks)) && !WideRowSplitHead(d);
-}
+// 32-row CTAs (two row blocks) exist at head sizes up to 128, for
+// 16-bit and fp8 caches alike; the wide row split has 64-row CTAs only. (fp8 caches
+// took them in the twenty-third session: at q_len 8, group 4 (32 rows per KV head),
+// 64 x 32 x 8 x 4096 e4m3 on the H200, head 128 229.5 against 252.8 us in two 16-row
+// CTAs, head 64 113.6 against 132.5 in one 64-row CTA; BENCHMARKS.md.)
+constexpr bool TwoRowBlocksAvailable(int d) { return !WideRowSplitHead(d); }
 
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
@@ -73,9 +61,8 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
 // caches, which need QELEM == 2: they are widened to f16 in registers,
 // exactly, for the f16 tensor cores). D: head size.
-// kRowBlocks (1, 2 or 4; more than 1 only for 16-bit queries: 2 or 4 for 16-bit
-// caches at D <= 128, 4 at D 192 / 256 and for fp8 caches, see
-// RowBlocks): blocks of 16 query rows per CTA.
+// kRowBlocks (1, 2 or 4; more than 1 only for 16-bit queries: 2 or 4 at
+// D <= 128, 4 at D 192 / 256, see RowBlocks): blocks of 16 query rows per CTA.
 // With kRowBlocks > 1 the warps split over rows as well as tokens: warp w owns
 // row block w / kSliceGroups and computes every kSliceGroups-th token slice of
 // each tile from slice w % kSliceGroups (in one pass), so that a KV head with more than 16 rows
@@ -122,7 +109,7 @@ struct GroupedConfig {
   static constexpr int kStageBytes = 2 * kTileElems * CELEM;
   static_assert(kRowBlocks == 1 || kRowBlocks == 2 || kRowBlocks == 4, "1, 2 or 4 row blocks");
   static_assert(kRowBlocks == 1 || (kMma && kWarpsPerSlice == 1), "the row split: 16-bit queries");
-  static_assert(kRowBlocks != 2 || TwoRowBlocksAvailable(CELEM, D), "no 32-row CTAs here");
+  static_assert(kRowBlocks != 2 || TwoRowBlocksAvailable(D), "no 32-row CTAs here");
   // Query rows per CTA; warps per row block (each computing its own token slices);
   // token slices each warp computes per tile (one pass); slice partials the epilogue merges
   // per row (one per warp of a row block).
@@ -245,14 +232,6 @@ inline bool RowSplitEnabled() {
   return enabled;
 }
 
-// In a build with the development option JAX_PAGED_FP8_32_ROWS, the environment
-// variable JAX_PAGED_FP8_32_ROWS=0 (read once) gives fp8 caches with 17-32 rows per
-// KV head the default rule (RowBlocks): for the option's A/B in one build.
-inline bool Fp8ThirtyTwoRowsEnabled() {
-  static const bool enabled = !EnvIs("JAX_PAGED_FP8_32_ROWS", "0");
-  return enabled;
-}
-
 // Query rows of one KV head in a call: q_len * group (the grouped kernel's rows).
 inline int RowsPerKvHead(const PagedAttentionParams& p) {
   return (p.num_heads / p.num_kv_heads) * p.q_len;
@@ -288,16 +267,15 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   if (!RowSplitAvailable(qelem) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
     return 1;
-  // fp8 caches with 17-32 rows per KV head: above head size 64 two 16-row decode
-  // CTAs, which measured faster than one 64-row CTA half idle (H200, 64 x 32 x 8 x
-  // 4096 e4m3, q_len 8: at head 128 254.3 against 331.5 us (64 rows: 530.0 against
-  // 338.2), at 192 426.5 against 514.6, at 256 531.6 against 611.6); at head 64
-  // one 64-row CTA, faster there (133.8 against 163.4; BENCHMARKS.md, twenty-first
-  // and twenty-second sessions). 32-row CTAs in a JAX_PAGED_FP8_32_ROWS build.
-  if (celem == 1 && rows_per_kv_head <= 2 * kMaxRows &&
-      !(TwoRowBlocksAvailable(celem, d) && Fp8ThirtyTwoRowsEnabled()))
-    return d > 64 ? 1 : 4;
-  return rows_per_kv_head <= 2 * kMaxRows && TwoRowBlocksAvailable(celem, d) ? 2 : 4;
+  if (rows_per_kv_head <= 2 * kMaxRows) {
+    if (TwoRowBlocksAvailable(d)) return 2;
+    // fp8 caches with 17-32 rows per KV head at head sizes 192 and 256: two 16-row
+    // decode CTAs, faster than one 64-row CTA half idle (H200, 64 x 32 x 8 x 4096
+    // e4m3, q_len 8: at 192 426.5 against 514.6 us, at 256 531.6 against 611.6;
+    // BENCHMARKS.md, twenty-second session).
+    if (celem == 1) return 1;
+  }
+  return 4;
 }
 
 // f(std::integral_constant<int, RowBlocks(...)>{}) for a kernel of these element
@@ -310,7 +288,7 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
     switch (RowBlocks(QELEM, CELEM, D, q_len, rows_per_kv_head)) {
       case 4: return f(std::integral_constant<int, 4>{});
       case 2:
-        if constexpr (TwoRowBlocksAvailable(CELEM, D)) return f(std::integral_constant<int, 2>{});
+        if constexpr (TwoRowBlocksAvailable(D)) return f(std::integral_constant<int, 2>{});
         break;
       default: break;
     }

@@ -180,9 +180,6 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
          "PLAIN_ALL_VALID "
 #endif
-#ifdef JAX_PAGED_FP8_SHADOW
-         "FP8_SHADOW "
-#endif
       ;
 }
 

@@ -258,16 +258,6 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t four, uint32_t& lo, uint
   }
 }
 
-// Eight fp8 values (one 64-bit load) widened to eight f16, in order (the fp8
-// shadow's 16-byte chunks).
-template <typename TC>
-__device__ __forceinline__ uint4 Fp8x8ToHalf8(uint2 eight) {
-  uint4 h;
-  Fp8x4ToHalf2x2<TC>(eight.x, h.x, h.y);
-  Fp8x4ToHalf2x2<TC>(eight.y, h.z, h.w);
-  return h;
-}
-
 // Four consecutive outputs as one store (8 bytes for 16-bit T, 16 for f32):
 // `dst` is aligned to four elements (out is 16-byte aligned, D % 8 == 0).
 // (H200, seventh session, against four 2-byte stores per thread: bf16
@@ -577,8 +567,7 @@ __global__ void __launch_bounds__(
   float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
   if constexpr (kFp8) {
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
-    // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1
-    // (not with the shadow, which has the 16-bit layout's dim order).
+    // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
     constexpr int kPairs = D / 2;
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
@@ -587,7 +576,7 @@ __global__ void __launch_bounds__(
       const int r = i / kPairs;
       const int lp = i - r * kPairs;
       const int j = lp & 7;
-      const int src_pair = C::kShadow ? lp : (lp & ~7) + 2 * (j & 3) + (j >> 2);
+      const int src_pair = (lp & ~7) + 2 * (j & 3) + (j >> 2);
       uint32_t v = 0u;
       if (r < rows)
         v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
@@ -723,7 +712,7 @@ __global__ void __launch_bounds__(
 
   // Token (0..15 within the slice) of S fragment element s[nt][e].
   auto token_of = [&](int nt, int e) -> int {
-    return C::kFp8Frag ? 4 * tq + 2 * nt + (e & 1) : nt * 8 + 2 * tq + (e & 1);
+    return kFp8 ? 4 * tq + 2 * nt + (e & 1) : nt * 8 + 2 * tq + (e & 1);
   };
 
   // Shared-memory byte offsets (within a stage's K or V region) of this lane's
@@ -744,7 +733,7 @@ __global__ void __launch_bounds__(
   if constexpr (C::kMma) {
     q_addr = SmemAddr(q_s) + ((rb * kMaxRows + ((lane >> 3) & 1) * 8 + (lane & 7)) * C::kQStride +
                               (lane >> 4) * 8) * 2;
-    if constexpr (C::kFp8Frag) {
+    if constexpr (kFp8) {
       // Tokens tk and tk + 2 are in one page (tk % 4 < 2 and pages hold a
       // multiple of 4 tokens), so the second n-tile's K is 2 * 16 bytes on.
 #pragma unroll
@@ -812,7 +801,7 @@ __global__ void __launch_bounds__(
     k_off_h[h] = k_off;
     k_tail_off_h[h] = k_tail_off;
     v_off_h[h] = v_off;
-    if constexpr (kRowSplit && !C::kFp8Frag) {
+    if constexpr (kRowSplit && !kFp8) {
       const int st = kSubStride * h;
       const uint32_t page_shift = static_cast<uint32_t>((st >> log2_bs) * page_elems);
       const uint32_t tok_shift = static_cast<uint32_t>(st & (BS - 1));
@@ -1010,24 +999,6 @@ __global__ void __launch_bounds__(
       MbarWait(bar0 + 8 * stage, phase);
       smask = tile_mask(k, stage);
     }
-    if constexpr (C::kShadow) {
-      // The shadow (C::kShadow): this stage's fp8 tile widened by all threads to f16
-      // in the 16-bit cache layout, 8 values per item: f16 chunk i of K from
-      // ShadowKSource; V keeps its layout ([D][BS]), each byte widened to two.
-      // Consecutive threads write consecutive 16-byte chunks. Pages that were
-      // not copied are widened too (stale bytes): their logits are masked and their V
-      // zeroed in registers, as for a 16-bit cache. (Every warp is past its reads of
-      // the last tile's shadow: the row split's barrier at the end of each tile.)
-      const unsigned char* src = smem + static_cast<size_t>(stage) * C::kStageBytes;
-      unsigned char* dst = smem + C::kShadowOff;
-      for (int i = tid; i < C::kTileElems / 8; i += kThreads) {
-        *reinterpret_cast<uint4*>(dst + i * 16) = Fp8x8ToHalf8<TC>(
-            *reinterpret_cast<const uint2*>(src + ShadowKSource(i, D, log2_bs)));
-        *reinterpret_cast<uint4*>(dst + C::kTileElems * 2 + i * 16) = Fp8x8ToHalf8<TC>(
-            *reinterpret_cast<const uint2*>(src + C::kTileElems + i * 8));
-      }
-      __syncthreads();
-    }
 #ifdef JAX_PAGED_TRACE
     if (k == 0) t_first = GlobalTimerNs();
 #endif
@@ -1045,12 +1016,8 @@ __global__ void __launch_bounds__(
     // (Row split: a warp whose row block is past the CTA's rows computes nothing.)
     // (wgmma: every warp of the warpgroup takes part; smask is CTA-uniform there.)
     if (smask != 0u && (kWgmma || !kRowSplit || rows > rb * kMaxRows)) {  // warp-uniform
-      uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
-      uint32_t vbase = kbase + C::kTileElems * sizeof(TC);
-      if constexpr (C::kShadow) {  // the tile's f16 copy, K then V, in the 16-bit layout
-        kbase = stages_addr + C::kShadowOff;
-        vbase = kbase + C::kTileElems * 2;
-      }
+      const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
+      const uint32_t vbase = kbase + C::kTileElems * sizeof(TC);
       const unsigned char* kptr = smem + static_cast<size_t>(stage) * C::kStageBytes;
       const unsigned char* vptr = kptr + C::kTileElems * sizeof(TC);
 
@@ -1074,7 +1041,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
             for (int e = 0; e < 4; ++e) sw[h][nt][e] = s_next[h][nt][e];
         if (next_mask != 0u) issue_qk(next_stage, s_next);
-      } else if constexpr (C::kFp8Frag) {
+      } else if constexpr (kFp8) {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t a[4];  // shared by the sub-slices
@@ -1338,7 +1305,7 @@ __global__ void __launch_bounds__(
               return WithStart(v_desc, vbase + wg_v_off[h] + static_cast<uint32_t>(d0 * BS) * 2u);
             });
           WgmmaCommit();
-        } else if constexpr (C::kFp8Frag) {
+        } else if constexpr (kFp8) {
           // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h)
           // of dim gid.
           auto pv8 = [&](auto kMasked) {

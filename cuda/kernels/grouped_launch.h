@@ -53,42 +53,6 @@ constexpr bool WideRowSplitHead(int d) { return d > 128; }
 // CTAs, head 64 113.6 against 132.5 in one 64-row CTA; BENCHMARKS.md.)
 constexpr bool TwoRowBlocksAvailable(int d) { return !WideRowSplitHead(d); }
 
-// The fp8 shadow (GroupedConfig::kShadow): the byte offset, in a stage's fp8 K
-// ([D/16][BS][16] per page of D * BS bytes), of the 8 values that make f16 chunk i
-// of the 16-bit layout ([D/8][BS][8] per page): token t = i % BS of page
-// i / (BS * D / 8), dims 8 c8.. with c8 = i / BS % (D / 8), which are half c8 & 1
-// of the fp8 layout's 16-byte chunk (c8 / 2, t).
-constexpr int ShadowKSource(int i, int d, int log2_bs) {
-  const int bs = 1 << log2_bs;
-  const int t = i & (bs - 1);
-  const int r = i >> log2_bs;  // page * (D / 8) + c8
-  const int page = r / (d / 8);
-  const int c8 = r - page * (d / 8);
-  return page * d * bs + ((c8 >> 1) * bs + t) * 16 + (c8 & 1) * 8;
-}
-// Checked against both layouts' definitions: value j of chunk i (element 8 i + j
-// of the 16-bit layout) is the same (page, dim, token) as fp8 byte
-// ShadowKSource(i) + j, over two pages.
-constexpr bool ShadowKSourceMatchesLayouts(int d, int log2_bs) {
-  const int bs = 1 << log2_bs;
-  const int page_elems = d * bs;
-  for (int i = 0; i < 2 * page_elems / 8; ++i) {
-    for (int j = 0; j < 8; ++j) {
-      const int e = 8 * i + j;  // [page][D/8][BS][8]
-      const int e_page = e / page_elems, e_rem = e % page_elems;
-      const int e_dim = (e_rem / (bs * 8)) * 8 + e_rem % 8, e_tok = (e_rem / 8) % bs;
-      const int o = ShadowKSource(i, d, log2_bs) + j;  // [page][D/16][BS][16]
-      const int o_page = o / page_elems, o_rem = o % page_elems;
-      const int o_dim = (o_rem / (bs * 16)) * 16 + o_rem % 16, o_tok = (o_rem / 16) % bs;
-      if (e_page != o_page || e_dim != o_dim || e_tok != o_tok) return false;
-    }
-  }
-  return true;
-}
-static_assert(ShadowKSourceMatchesLayouts(128, 3) && ShadowKSourceMatchesLayouts(128, 5) &&
-                  ShadowKSourceMatchesLayouts(80, 4) && ShadowKSourceMatchesLayouts(64, 3),
-              "the fp8 shadow's K index");
-
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
@@ -153,21 +117,6 @@ struct GroupedConfig {
   static constexpr int kSliceGroups = kSlices / kRowBlocks;
   static constexpr int kSlicesPerWarp = kWide ? kRowBlocks / 2 : kRowBlocks;
   static_assert(!kRowSplit || kTile == 16 * kSliceGroups * kSlicesPerWarp, "row split: a tile");
-  // kShadow (development option JAX_PAGED_FP8_SHADOW, twenty-third session; not yet
-  // run on a GPU): the fp8 row split (not the wide one) widens each arrived tile once,
-  // all threads together, into an f16 copy in the 16-bit cache layout ("shadow"), and
-  // computes from it as the 16-bit row split does (ldmatrix), instead of every warp
-  // widening every fragment it reads (each K / V value widened once per 16 rows: four
-  // times in a 64-row CTA). The shadow takes stage room (two tiles of f16).
-#ifdef JAX_PAGED_FP8_SHADOW
-  static constexpr bool kShadow = kFp8 && kRowSplit && !kWide;
-#else
-  static constexpr bool kShadow = false;
-#endif
-  static constexpr int kShadowBytes = kShadow ? 2 * kTileElems * 2 : 0;
-  // fp8 caches read as fp8 fragments, each warp widening what it reads (not with
-  // the shadow, read as a 16-bit cache's f16).
-  static constexpr bool kFp8Frag = kFp8 && !kShadow;
   // The row split holds its warp's 16 query rows in registers (D / 16 A fragments),
   // except the wide one, whose O fragments (D / 2 floats per lane) leave no room:
   // it reads them from shared memory per product, as the decode kernels do.
@@ -204,13 +153,12 @@ struct GroupedConfig {
   static constexpr int kTargetCtasPerSm =
       kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64) ? 4 : 2;
   static constexpr int kStageBudget =
-      kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512 - kShadowBytes
+      kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
                 : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
   static constexpr int kStages = ClampInt(kStageBudget / kStageBytes, 2, 6);
   static constexpr int kQOff = (kQInStage ? kStages - 1 : kStages) * kStageBytes;
   static_assert(!kQInStage || kQBytes <= kStageBytes, "query rows in a stage");
-  static constexpr int kShadowOff = kStages * kStageBytes;  // kShadowBytes: f16 K, then f16 V
-  static constexpr int kMlOff = kShadowOff + kShadowBytes + kQOwnBytes;  // [kMergeSlices][kRows][2] float (max, sum)
+  static constexpr int kMlOff = kStages * kStageBytes + kQOwnBytes;  // [kMergeSlices][kRows][2] float (max, sum)
   static constexpr int kMaskOff = kMlOff + kMlBytes;  // [kStages] uint32 page-valid bits
   // [kStages] mbarriers "stage full" (the bulk copies' bytes arrived); then
   // [kStages] uint32 release counters (warps done reading the stage: the warp
@@ -254,15 +202,9 @@ static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>
 static_assert(GroupedConfig<2, 2, 256, 4>::kTile == 32 && GroupedConfig<2, 2, 256, 4>::kStages == 2 &&
                   GroupedConfig<2, 2, 256, 4>::kCtasPerSm == 2 && GroupedConfig<2, 2, 192, 4>::kStages == 3,
               "the wide row split (BENCHMARKS.md, nineteenth session)");
-static_assert(GroupedConfig<2, 1, 128, 4>::kShadow ||
-                  (GroupedConfig<2, 1, 128, 4>::kStages == 6 && GroupedConfig<2, 1, 128, 4>::kCtasPerSm == 2 &&
-                   GroupedConfig<2, 1, 64, 4>::kStages == 6 && GroupedConfig<2, 1, 64, 4>::kCtasPerSm == 4),
+static_assert(GroupedConfig<2, 1, 128, 4>::kStages == 6 && GroupedConfig<2, 1, 128, 4>::kCtasPerSm == 2 &&
+                  GroupedConfig<2, 1, 64, 4>::kStages == 6 && GroupedConfig<2, 1, 64, 4>::kCtasPerSm == 4,
               "the fp8 row split (BENCHMARKS.md, nineteenth session)");
-static_assert(!GroupedConfig<2, 1, 128, 4>::kShadow ||
-                  (GroupedConfig<2, 1, 128, 4>::kStages == 5 && GroupedConfig<2, 1, 128, 4>::kCtasPerSm == 2 &&
-                   GroupedConfig<2, 1, 64, 4>::kStages == 4 && GroupedConfig<2, 1, 64, 4>::kCtasPerSm == 4 &&
-                   GroupedConfig<2, 1, 128, 2>::kCtasPerSm == 2),
-              "the fp8 shadow (development option): 5 and 4 stages beside it");
 static_assert(GroupedConfig<2, 1, 256, 4>::kTile == 32 && GroupedConfig<2, 1, 256, 4>::kStages == 4 &&
                   GroupedConfig<2, 1, 256, 4>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 192, 4>::kStages == 6 && GroupedConfig<2, 1, 192, 4>::kCtasPerSm == 2,

@@ -953,7 +953,8 @@ def test_gpu_features_at_scale(head_size, block_size):
 
 @requires_gpu
 @pytest.mark.parametrize("cache_dtype", [jnp.bfloat16, jnp.float16])
-@pytest.mark.parametrize("head_size,block_size", [(96, 32), (128, 32), (80, 16), (64, 16),
+@pytest.mark.parametrize("head_size,block_size", [(96, 32), (128, 32), (128, 16), (128, 8),
+                                                  (80, 16), (64, 16),
                                                   (112, 8), (192, 32), (192, 16), (192, 8),
                                                   (256, 32), (256, 16), (256, 8)])
 def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_size):

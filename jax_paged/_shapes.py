@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import jax
 import jax.numpy as jnp
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
@@ -128,6 +129,28 @@ def check_scale(name: str, scale, num_kv_heads: int, cache_dtype) -> None:
     if tuple(scale.shape) not in ((), (1,), (num_kv_heads,)):
         raise ValueError(f"{name} must have shape (), (1,) or [num_kv_heads] = "
                          f"({num_kv_heads},), got {tuple(scale.shape)}")
+
+
+def check_softmax_scale(scale, head_size: int) -> float:
+    """The softmax scale: None (``1 / sqrt(head_size)``) or a finite static number (a kernel
+    attribute, compiled in, not an operand); returns it as a float."""
+    if scale is None:
+        return float(head_size) ** -0.5
+    if isinstance(scale, jax.core.Tracer):
+        raise TypeError("scale must be a static Python number or None (1 / sqrt(head_size)), got "
+                        "a traced value; it is compiled into the kernel, so fold a traced scale "
+                        "into the query instead")
+    wrong = TypeError(f"scale must be a static Python number or None (1 / sqrt(head_size)), "
+                      f"got {type(scale).__name__} {scale!r}")
+    if isinstance(scale, (bool, np.bool_, str, bytes)) or np.ndim(scale) != 0:
+        raise wrong
+    try:
+        value = float(scale)
+    except (TypeError, ValueError) as e:
+        raise wrong from e
+    if not np.isfinite(value):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    return value
 
 
 def check_soft_cap(soft_cap) -> float:

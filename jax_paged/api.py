@@ -46,7 +46,8 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
         inside the used range are masked, never read.
       seq_lens: int32 ``[num_seqs]``; clamped to ``[0, max_blocks_per_seq *
         block_size]``. A length of 0 gives zeros.
-      scale: softmax scale; default ``1 / sqrt(head_size)``.
+      scale: softmax scale, a static number (compiled into the kernel; fold a
+        traced scale into the query); default ``1 / sqrt(head_size)``.
       alibi_slopes: optional float32 ``[num_heads]``; adds ``slope[h] * (t -
         pos)`` to the logits, ``pos`` the query's own position (``L - 1`` for
         a decode query, ``L - q_len + i`` for row ``i``).
@@ -96,7 +97,7 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
     _shapes.check_partition_size(partition_size, dims.block_size)
     soft_cap = _shapes.check_soft_cap(soft_cap)
     sliding_window = _shapes.check_sliding_window(sliding_window)
-    scale = float(dims.head_size ** -0.5 if scale is None else scale)
+    scale = _shapes.check_softmax_scale(scale, dims.head_size)
     alibi, k_scale, v_scale = map(primitives.to_operand, (alibi, k_scale, v_scale))
     results = _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                         alibi, k_scale, v_scale, scale, impl, int(partition_size),

@@ -136,7 +136,7 @@ def _valid(dtype=np.float32, num_heads=8, num_kv_heads=2, head_size=64, block_si
 
 def _trace(**overrides):
     args = _valid()
-    kwargs = {k: overrides.pop(k) for k in ("impl", "partition_size")
+    kwargs = {k: overrides.pop(k) for k in ("impl", "partition_size", "scale")
               if k in overrides}
     args.update(overrides)
     jax.eval_shape(lambda a: jax_paged.paged_attention(**a, **kwargs), args)
@@ -172,10 +172,26 @@ def _trace(**overrides):
                                            r"block_size \(16\), got 100"),
     (dict(alibi_slopes=jax.ShapeDtypeStruct((4,), np.float32)), ValueError,
      r"alibi_slopes must be \[num_heads\] = \(8,\)"),
+    (dict(scale=float("nan")), ValueError, r"scale must be finite, got nan"),
+    (dict(scale="0.5"), TypeError, r"scale must be a static Python number or None .* got str"),
+    (dict(scale=np.ones(2, np.float32)), TypeError,
+     r"scale must be a static Python number or None .* got ndarray"),
 ])
 def test_attention_errors(override, error, match):
     with pytest.raises(error, match=match):
         _trace(**override)
+
+
+def test_traced_scale_is_a_clear_error():
+    """The softmax scale is compiled into the kernel: a traced one is refused by name
+    (not with JAX's generic concretization error); static numbers of any kind pass."""
+    with pytest.raises(TypeError, match=r"scale must be a static Python number .* got a "
+                                        r"traced value"):
+        jax.eval_shape(lambda a, s: jax_paged.paged_attention(**a, scale=s), _valid(),
+                       jax.ShapeDtypeStruct((), np.float32))
+    for scale in (0.125, 1, np.float32(0.125), np.array(0.125)):
+        out = jax.eval_shape(lambda a: jax_paged.paged_attention(**a, scale=scale), _valid())
+        assert out.shape == (3, 8, 64)
 
 
 def test_unsupported_head_size():

@@ -291,7 +291,9 @@ class Engine:
                  mesh: Optional[Mesh] = None):
         ec = engine_config
         if ec.num_blocks < ec.max_blocks_per_seq:
-            raise ValueError("num_blocks must hold at least one max_seq_len sequence")
+            raise ValueError(f"num_blocks must hold at least one max_seq_len sequence: got "
+                             f"{ec.num_blocks}, expected >= {ec.max_blocks_per_seq} blocks of "
+                             f"{ec.block_size} tokens (max_seq_len {ec.max_seq_len})")
         self.config = config
         self.engine_config = ec
         self.check_invariants = check_invariants
@@ -328,12 +330,16 @@ class Engine:
         """Queue a request; returns its id. ``len(prompt) + max_new_tokens <= max_seq_len``."""
         ec = self.engine_config
         prompt = [int(t) for t in prompt]
-        if not prompt or max_new_tokens < 1:
-            raise ValueError("need a non-empty prompt and max_new_tokens >= 1")
+        if not prompt:
+            raise ValueError("prompt must hold at least one token id, got an empty prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if len(prompt) + max_new_tokens > ec.max_seq_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) > max_seq_len ({ec.max_seq_len})")
-        if min(prompt) < 0 or max(prompt) >= self.config.vocab_size:
-            raise ValueError("prompt token id out of range")
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, vocab_size={self.config.vocab_size}), "
+                             f"got {bad[:8]}")
         req = Request(self._next_id, prompt, int(max_new_tokens), eos_id)
         self._next_id += 1
         self._waiting.append(req)

@@ -1,6 +1,7 @@
 """The continuous-batching engine: greedy equality with the dense-cache reference, page
 accounting, block exhaustion/preemption, EOS, and no cache copies in the compiled loop."""
 
+import dataclasses
 import re
 
 import jax
@@ -255,10 +256,23 @@ def test_cache_copies_parser():
 
 
 def test_add_request_validation(params):
+    """Each refusal names the argument, what it got and what was expected."""
     engine = Engine(CFG, params, EC)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"prompt \(40\) \+ max_new_tokens \(25\) > max_seq_len"):
         engine.add_request([1] * 40, 25)  # 65 > max_seq_len
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"prompt must hold at least one token id"):
         engine.add_request([], 5)
-    with pytest.raises(ValueError):
-        engine.add_request([CFG.vocab_size], 5)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be >= 1, got 0"):
+        engine.add_request([1, 2], 0)
+    with pytest.raises(ValueError, match=rf"prompt token ids must be in \[0, vocab_size="
+                                         rf"{CFG.vocab_size}\), got \[{CFG.vocab_size}, -1\]"):
+        engine.add_request([3, CFG.vocab_size, 4, -1], 5)
+    assert engine.num_waiting == 0  # nothing refused was queued
+
+
+def test_engine_refuses_a_pool_smaller_than_one_sequence(params):
+    small = dataclasses.replace(EC, num_blocks=EC.max_blocks_per_seq - 1)
+    with pytest.raises(ValueError, match=rf"num_blocks must hold at least one max_seq_len sequence: "
+                                         rf"got {small.num_blocks}, expected >= "
+                                         rf"{EC.max_blocks_per_seq} blocks"):
+        Engine(CFG, params, small)

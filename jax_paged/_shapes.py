@@ -136,16 +136,16 @@ def check_softmax_scale(scale, head_size: int) -> float:
     attribute, compiled in, not an operand); returns it as a float."""
     if scale is None:
         return float(head_size) ** -0.5
-    if isinstance(scale, jax.core.Tracer):
-        raise TypeError("scale must be a static Python number or None (1 / sqrt(head_size)), got "
-                        "a traced value; it is compiled into the kernel, so fold a traced scale "
-                        "into the query instead")
     wrong = TypeError(f"scale must be a static Python number or None (1 / sqrt(head_size)), "
                       f"got {type(scale).__name__} {scale!r}")
     if isinstance(scale, (bool, np.bool_, str, bytes)) or np.ndim(scale) != 0:
         raise wrong
     try:
         value = float(scale)
+    except jax.errors.ConcretizationTypeError:
+        raise TypeError("scale must be a static Python number or None (1 / sqrt(head_size)), got "
+                        "a traced value; it is compiled into the kernel, so fold a traced scale "
+                        "into the query instead") from None
     except (TypeError, ValueError) as e:
         raise wrong from e
     if not np.isfinite(value):

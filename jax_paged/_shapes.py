@@ -131,23 +131,28 @@ def check_scale(name: str, scale, num_kv_heads: int, cache_dtype) -> None:
                          f"({num_kv_heads},), got {tuple(scale.shape)}")
 
 
+def _static_number(name: str, value, none_means: str) -> float:
+    """``value`` as a float, for an argument compiled into the kernel (an attribute, not an
+    operand): a Python or NumPy number or a concrete 0-d array. A traced value, a string or an
+    array of more elements raises a TypeError that names the argument."""
+    expected = f"{name} must be a static Python number or None ({none_means})"
+    if isinstance(value, (bool, np.bool_, str, bytes)) or np.ndim(value) != 0:
+        raise TypeError(f"{expected}, got {type(value).__name__}")
+    try:
+        return float(value)
+    except jax.errors.ConcretizationTypeError:
+        raise TypeError(f"{expected}, got a traced value; it is compiled into the "
+                        f"kernel") from None
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{expected}, got {type(value).__name__}") from e
+
+
 def check_softmax_scale(scale, head_size: int) -> float:
-    """The softmax scale: None (``1 / sqrt(head_size)``) or a finite static number (a kernel
-    attribute, compiled in, not an operand); returns it as a float."""
+    """None (``1 / sqrt(head_size)``) or a finite static number; returns it as a float. (A
+    traced scale can be folded into the query instead.)"""
     if scale is None:
         return float(head_size) ** -0.5
-    wrong = TypeError(f"scale must be a static Python number or None (1 / sqrt(head_size)), "
-                      f"got {type(scale).__name__} {scale!r}")
-    if isinstance(scale, (bool, np.bool_, str, bytes)) or np.ndim(scale) != 0:
-        raise wrong
-    try:
-        value = float(scale)
-    except jax.errors.ConcretizationTypeError:
-        raise TypeError("scale must be a static Python number or None (1 / sqrt(head_size)), got "
-                        "a traced value; it is compiled into the kernel, so fold a traced scale "
-                        "into the query instead") from None
-    except (TypeError, ValueError) as e:
-        raise wrong from e
+    value = _static_number("scale", scale, "1 / sqrt(head_size)")
     if not np.isfinite(value):
         raise ValueError(f"scale must be finite, got {scale!r}")
     return value
@@ -157,11 +162,7 @@ def check_soft_cap(soft_cap) -> float:
     """None (off) or a positive finite static number; returns it as a float (0.0 = off)."""
     if soft_cap is None:
         return 0.0
-    if isinstance(soft_cap, (bool, np.bool_)) or not isinstance(soft_cap, (int, float, np.integer,
-                                                                           np.floating)):
-        raise TypeError(f"soft_cap must be a static Python number or None, got "
-                        f"{type(soft_cap).__name__}")
-    value = float(soft_cap)
+    value = _static_number("soft_cap", soft_cap, "off")
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"soft_cap must be positive and finite (None = off), got {soft_cap!r}")
     return value

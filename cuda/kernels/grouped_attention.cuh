@@ -517,6 +517,15 @@ __global__ void __launch_bounds__(
   };
   // All 32 lanes of the refilling warp call it (ballot).
   auto issue = [&](int tile, int stage, int32_t entry) {
+#ifdef JAX_PAGED_PROBE_NO_LOADS
+    // Timing probe (development, wrong results): after the first kStages tiles
+    // a stage keeps the tile (and page mask) it holds and is re-armed with no
+    // bytes, so the loop runs its arithmetic without waiting for memory.
+    if (tile >= kStages) {
+      if (lane == 0) MbarArriveExpectTx(bar0 + 8 * stage, 0u);
+      return;
+    }
+#endif
     const int blk = start_blk + tile * ppt + lane;
     const int64_t phys = entry;
     const bool ok = lane < ppt && blk < end_blk && phys >= 0 && phys < p.num_blocks;

@@ -96,10 +96,14 @@ METHOD_TEXT = {
              "per-iteration cost is then spread over those calls), and feeds each output back as "
              "the next query (a true data dependency: XLA can neither "
              "drop nor hoist a call). Host clock around the call + block_until_ready; time per call "
-             "= sample / (R * calls_per_iteration); R (a power of two, recompiled) is raised from 2 by timed probes "
-             "until one sample lasts about --target-ms, so the fixed cost of a sample (dispatch, "
-             "sync) is amortised; reported figure = median of --reps samples, taken after "
-             "compilation and a warm-up run."),
+             "from pairs of samples of two loop lengths, R and 2R iterations (R a power of two, raised "
+             "from 2 by timed probes until a sample of 2R lasts about --target-ms): (time of 2R - time "
+             "of R) / (R * calls_per_iteration), so that whatever a sample costs once (dispatch, "
+             "sync, setup of the loop; about 0.6-1.0 ms on the H200 by the twenty-fifth session's estimate) cancels "
+             "instead of being spread over the sample's calls; reported figure = median of --reps "
+             "pairs, taken after compilation and a warm-up run of both loops ('average_per_call_s': "
+             "the 2R samples divided by their calls, the figure before the twenty-fifth session; "
+             "'fixed_per_sample_s': the cost that cancelled)."),
     "dispatch": ("dispatch: each sample dispatches N back-to-back calls of the jitted single call "
                  "(asynchronously, output fed back as the next query, rotating input sets) and "
                  "synchronises once with block_until_ready; time per call = sample / N; median of "
@@ -259,7 +263,8 @@ def time_loop(step, carry0, sets, args) -> dict:
     # which belongs to no implementation.
     unroll = max(1, -(-args.min_calls_per_iter // n))
     n_calls = n * unroll
-    target = args.target_ms * 1e-3
+    # The short loop (R iterations) aims at half the target, the long one (2R) at the target.
+    target = args.target_ms * 1e-3 / 2
     R = 2
     f = _loop_fn(step, R, n, unroll)
     t_compile = _wall(lambda: f(carry0, sets))          # compile + first run
@@ -276,11 +281,34 @@ def time_loop(step, carry0, sets, args) -> dict:
         R = R_new
         f = _loop_fn(step, R, n, unroll)
         _wall(lambda: f(carry0, sets))                  # compile + warm-up
-    samples = [_wall(lambda: f(carry0, sets)) / (R * n_calls) for _ in range(args.reps)]
-    return dict(method="loop", median_s=statistics.median(samples), samples_s=samples,
-                R=R, n_sets=n, calls_per_iteration=n_calls, calls_per_sample=R * n_calls,
+    f_long = _loop_fn(step, 2 * R, n, unroll)
+    _wall(lambda: f_long(carry0, sets))                 # compile + first run
+    _wall(lambda: f_long(carry0, sets))                 # warm-up
+    short, long_ = [], []
+    for _ in range(args.reps):                          # interleaved pairs
+        short.append(_wall(lambda: f(carry0, sets)))
+        long_.append(_wall(lambda: f_long(carry0, sets)))
+    calls = R * n_calls
+    samples = slope_per_call(short, long_, calls, 2 * calls)
+    average = statistics.median(long_) / (2 * calls)
+    median = statistics.median(samples)
+    if not median > 0:
+        # Noise above the work (a trivial step on a busy CPU): the long loop's average.
+        median = average
+    return dict(method="loop", median_s=median, samples_s=samples,
+                R=R, n_sets=n, calls_per_iteration=n_calls, calls_per_sample=calls,
+                average_per_call_s=average,
+                fixed_per_sample_s=statistics.median(2 * a - b for a, b in zip(short, long_)),
                 probe_per_call_s=per_call,
                 first_call_s=t_compile)
+
+
+def slope_per_call(short: list[float], long_: list[float], calls_short: int,
+                   calls_long: int) -> list[float]:
+    """Per-call times from paired samples (seconds) of a short and a long loop:
+    (long - short) / (calls_long - calls_short). A cost paid once per sample,
+    whatever it is, cancels; an average over one loop's calls would carry it."""
+    return [(b - a) / (calls_long - calls_short) for a, b in zip(short, long_)]
 
 
 def time_dispatch(step_jit, carry0, sets, args) -> dict:
@@ -1041,8 +1069,11 @@ def parse_args(argv=None):
                    help="also sweep Pallas k_splits x pages_per_compute_block per config, keep the best")
     p.add_argument("--method", choices=["loop", "dispatch", "both"], default="loop")
     p.add_argument("--reps", type=int, default=None, help="timed samples per measurement (median)")
-    p.add_argument("--target-ms", type=float, default=None, help="approximate length of one sample")
-    p.add_argument("--max-loop", type=int, default=4096, help="max calls per sample")
+    p.add_argument("--target-ms", type=float, default=None,
+                   help="approximate length of one sample of the long loop (2R iterations)")
+    p.add_argument("--max-loop", type=int, default=4096,
+                   help="max iterations R of the loop method's short loop (its long one makes 2R); "
+                        "max calls per sample of the dispatch method")
     p.add_argument("--copy-gb", type=float, default=None, help="GiB of the copy-bandwidth array")
     p.add_argument("--max-cache-gb", type=float, default=4.0,
                    help="cap on cache bytes allocated per config (all sets, both layouts)")

@@ -17,8 +17,10 @@
 //      with CU_TENSOR_MAP_SWIZZLE_32B writes): P.V as two m64n64k16 products
 //      per page (8 per tile).
 //
-// Each tile issues its Q.K together with the previous tile's P.V, waits, then
-// does the online softmax (base 2, fp32) and packs P to bf16 in registers.
+// (Q.K also as m64n32k16 products across the tile's pages, as the thirteenth
+// session's form had it.) Each tile issues its Q.K together with the previous
+// tile's P.V, waits, then does the online softmax (base 2, fp32) and packs P
+// to bf16 in registers.
 //   form 1  one warpgroup per CTA (128 threads; two CTAs per SM overlap).
 //   form 2  two consumer warpgroups per CTA taking alternate tiles of the
 //           item, their product issues ordered by named barriers (one's
@@ -33,8 +35,8 @@
 //       -gencode=arch=compute_90a,code=sm_90a -Icuda \
 //       benchmarks/wgmma_ceiling.cu -o wgmma_ceiling && ./wgmma_ceiling
 //
-// Output: the checks, then per form the median of 20 timed launches (us) and
-// the rate in TFLOP/s (4 * 64 * 128 flops per token and item).
+// Output: the checks, then per form and Q.K shape the median of 20 timed
+// launches (us) and the rate in TFLOP/s (4 * 64 * 128 flops per token and item).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -57,6 +59,7 @@ using jax_paged::cuda::grouped::WgmmaAccAll;
 using jax_paged::cuda::grouped::WgmmaCommit;
 using jax_paged::cuda::grouped::WgmmaFence;
 using jax_paged::cuda::grouped::WgmmaN16;
+using jax_paged::cuda::grouped::WgmmaN32;
 using jax_paged::cuda::grouped::WgmmaWaitAll;
 using jax_paged::cuda::grouped::WithStart;
 using T = __nv_bfloat16;
@@ -94,10 +97,13 @@ __device__ __forceinline__ void NamedArrive(int id, int threads) {
 
 // kWgs warpgroups per CTA (1: form 1; 2: form 2). One CTA per item: `tiles`
 // tiles, tile t from stage t % 2; warpgroup g takes tiles g, g + kWgs, ...
+// kN32: Q.K as m64n32k16 products over tokens 8 h..8 h + 7 of the tile's four
+// pages (SBO = a page; the thirteenth session's form), half as many products as
+// one m64n16k16 per page.
 // k_glob: [kStages][kPages][D/8][16][8], v_glob: [kStages][kPages][D][16]
 // (unswizzled; swizzled on the way into shared memory), q_glob: [kRows][kD],
 // out: [items][kRows][kD] float.
-template <int kWgs>
+template <int kWgs, bool kN32>
 __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
     TileLoop(const T* __restrict__ k_glob, const T* __restrict__ v_glob,
              const T* __restrict__ q_glob, float* __restrict__ out, int tiles, float scale_log2) {
@@ -146,6 +152,7 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
 
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint64_t k_desc = SmemDescriptor(16u * kBS, 128u, SmemSwizzle::kNone);
+  const uint64_t k_desc32 = SmemDescriptor(16u * kBS, kPageBytes, SmemSwizzle::kNone);
   const uint64_t v_desc = SmemDescriptor(16u, 256u, SmemSwizzle::k32B);
 
   float o[kNT][4];
@@ -178,11 +185,21 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
     WgmmaFence();
 #pragma unroll
     for (int p = 0; p < kPages; ++p) {
-      const uint32_t page = kbase + p * kPageBytes;
-      WgmmaN16<T, false>(s[p][0], s[p][1], q[0], WithStart(k_desc, page));
+      if constexpr (kN32) {
+        if (p >= 2) break;  // p = h: tokens 8 h.. of every page
+        const uint32_t base = kbase + p * 128;
+        WgmmaN32<T, false>(s[0][p], s[1][p], s[2][p], s[3][p], q[0], WithStart(k_desc32, base));
 #pragma unroll
-      for (int kk = 1; kk < kD / 16; ++kk)
-        WgmmaN16<T, true>(s[p][0], s[p][1], q[kk], WithStart(k_desc, page + kk * 512));
+        for (int kk = 1; kk < kD / 16; ++kk)
+          WgmmaN32<T, true>(s[0][p], s[1][p], s[2][p], s[3][p], q[kk],
+                            WithStart(k_desc32, base + kk * 512));
+      } else {
+        const uint32_t page = kbase + p * kPageBytes;
+        WgmmaN16<T, false>(s[p][0], s[p][1], q[0], WithStart(k_desc, page));
+#pragma unroll
+        for (int kk = 1; kk < kD / 16; ++kk)
+          WgmmaN16<T, true>(s[p][0], s[p][1], q[kk], WithStart(k_desc, page + kk * 512));
+      }
     }
     if constexpr (kWithPv) issue_pv();
     WgmmaCommit();
@@ -359,17 +376,17 @@ std::vector<double> Reference(const Data& x, int tiles, double scale) {
   return out;
 }
 
-template <int kWgs>
+template <int kWgs, bool kN32>
 void Launch(int items, const T* k, const T* v, const T* q, float* out, int tiles, float scale_log2) {
-  TileLoop<kWgs><<<items, 128 * kWgs, kSmemBytes>>>(k, v, q, out, tiles, scale_log2);
+  TileLoop<kWgs, kN32><<<items, 128 * kWgs, kSmemBytes>>>(k, v, q, out, tiles, scale_log2);
 }
 
-template <int kWgs>
+template <int kWgs, bool kN32>
 bool Check(const Data& x, const T* k, const T* v, const T* q, float* out, int tiles) {
   const double scale = 1.0 / std::sqrt(double(kD));
   const int items = 2;
   CUDA_OK(cudaMemset(out, 0xFF, sizeof(float) * items * kRows * kD));  // NaN: unwritten outputs
-  Launch<kWgs>(items, k, v, q, out, tiles, static_cast<float>(scale * 1.4426950408889634));
+  Launch<kWgs, kN32>(items, k, v, q, out, tiles, static_cast<float>(scale * 1.4426950408889634));
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got(items * kRows * kD);
@@ -388,23 +405,23 @@ bool Check(const Data& x, const T* k, const T* v, const T* q, float* out, int ti
   const double rel = std::sqrt(err2 / ref2);
   // bf16 P (8-bit mantissa) against float64: the benchmark's bf16 bound, 1e-2.
   const bool ok = finite && rel < 1e-2;
-  std::printf("check form %d, %d tiles: rel L2 err %.2e, max |err| %.2e: %s\n", kWgs, tiles, rel,
-              max_err, ok ? "ok" : "WRONG");
+  std::printf("check form %d%s, %d tiles: rel L2 err %.2e, max |err| %.2e: %s\n", kWgs,
+              kN32 ? " n32" : "", tiles, rel, max_err, ok ? "ok" : "WRONG");
   return ok;
 }
 
-template <int kWgs>
+template <int kWgs, bool kN32>
 double TimeUs(const T* k, const T* v, const T* q, float* out, int items, int tiles) {
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(kD)));
   cudaEvent_t a, b;
   CUDA_OK(cudaEventCreate(&a));
   CUDA_OK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) Launch<kWgs>(items, k, v, q, out, tiles, scale_log2);
+  for (int i = 0; i < 3; ++i) Launch<kWgs, kN32>(items, k, v, q, out, tiles, scale_log2);
   CUDA_OK(cudaGetLastError());
   std::vector<float> ms;
   for (int i = 0; i < 20; ++i) {
     CUDA_OK(cudaEventRecord(a));
-    Launch<kWgs>(items, k, v, q, out, tiles, scale_log2);
+    Launch<kWgs, kN32>(items, k, v, q, out, tiles, scale_log2);
     CUDA_OK(cudaEventRecord(b));
     CUDA_OK(cudaEventSynchronize(b));
     float t = 0.0f;
@@ -428,8 +445,10 @@ int main() {
     std::printf("needs compute capability 9.0 (sm_90a code): skipped\n");
     return 0;
   }
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CUDA_OK(cudaFuncSetAttribute(TileLoop<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CUDA_OK(cudaFuncSetAttribute(TileLoop<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CUDA_OK(cudaFuncSetAttribute(TileLoop<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CUDA_OK(cudaFuncSetAttribute(TileLoop<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const Data x = MakeData(1234u);
   T *k, *v, *q;
   float* out;
@@ -444,18 +463,21 @@ int main() {
 
   bool ok = true;
   for (int t : {1, 2, 5}) {
-    ok = Check<1>(x, k, v, q, out, t) && ok;
-    ok = Check<2>(x, k, v, q, out, t) && ok;
+    ok = Check<1, false>(x, k, v, q, out, t) && ok;
+    ok = Check<2, false>(x, k, v, q, out, t) && ok;
+    ok = Check<1, true>(x, k, v, q, out, t) && ok;
+    ok = Check<2, true>(x, k, v, q, out, t) && ok;
   }
   const double gflop = 4.0 * kRows * kD * double(kTile) * tiles * items / 1e9;
-  const double us1 = TimeUs<1>(k, v, q, out, items, tiles);
-  const double us2 = TimeUs<2>(k, v, q, out, items, tiles);
   std::printf("work: %d items x %d tiles of %d tokens, %d rows, head %d: %.1f GFLOP\n", items, tiles,
               kTile, kRows, kD, gflop);
-  std::printf("form 1 (one warpgroup per CTA):           %8.1f us  %6.1f TFLOP/s\n", us1,
-              gflop / us1 * 1e3);
-  std::printf("form 2 (two warpgroups, ping-pong):       %8.1f us  %6.1f TFLOP/s\n", us2,
-              gflop / us2 * 1e3);
+  auto report = [&](const char* name, double us) {
+    std::printf("%-58s %8.1f us  %6.1f TFLOP/s\n", name, us, gflop / us * 1e3);
+  };
+  report("form 1 (one warpgroup per CTA), Q.K m64n16k16 per page:", TimeUs<1, false>(k, v, q, out, items, tiles));
+  report("form 2 (two warpgroups, ping-pong), m64n16k16:", TimeUs<2, false>(k, v, q, out, items, tiles));
+  report("form 1, Q.K m64n32k16 across the pages:", TimeUs<1, true>(k, v, q, out, items, tiles));
+  report("form 2, m64n32k16:", TimeUs<2, true>(k, v, q, out, items, tiles));
   std::printf("compare: the grouped kernel's arithmetic alone, same work (JAX_PAGED_PROBE_NO_LOADS,\n"
               "64,32,8,4096 --q-len 16): mma.sync row split 263.7 us, thirteenth session's wgmma form\n"
               "288.6 us (BENCHMARKS.md, twenty-fifth session; another run)\n");

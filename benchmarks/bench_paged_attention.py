@@ -967,6 +967,12 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
         f"copy bandwidth (this run): {fmt_bw(copy, 0)} TB/s "
         f"[loop {fmt_bw(cb.get('loop', {}).get('tbps'), 0)}, dispatch {fmt_bw(cb.get('dispatch', {}).get('tbps'), 0)}; "
         f"{cb.get('array_bytes', 0) / 2**30:.2f} GiB float32 y = x + 1, bytes read + written]")
+    fixed = [v["loop"]["fixed_per_sample_s"] for r in results for v in r["impls"].values()
+             if isinstance(v, dict) and "fixed_per_sample_s" in v.get("loop", {})]
+    if fixed:
+        lines.append(f"loop timing: per-sample cost cancelled by the R / 2R slope: median "
+                     f"{1e3 * statistics.median(fixed):.2f} ms (range {1e3 * min(fixed):.2f} to "
+                     f"{1e3 * max(fixed):.2f}) over {len(fixed)} timings")
     dev_opts = meta.get("jax_paged_development_options") or []
     if dev_opts:
         lines.append("jax_paged built with development options: " + " ".join(dev_opts)
@@ -976,8 +982,10 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
         lines.append("jax_paged run-time switches: "
                      + " ".join(f"{k}={v}" for k, v in env.items()))
     lines.append(f"device: {meta['device']} | jax {meta['jax_version']} | {meta['date']} | "
-                 f"dtype {meta['args']['dtype']} | timing: {method}, median of {meta['args']['reps']}, "
-                 f"~{meta['args']['target_ms']} ms per sample (see JSON 'method')")
+                 f"dtype {meta['args']['dtype']} | timing: {method}, median of {meta['args']['reps']}"
+                 f"{' (R, 2R) pairs' if method != 'dispatch' else ''}, "
+                 f"~{meta['args']['target_ms']} ms per {'2R ' if method != 'dispatch' else ''}sample "
+                 f"(see JSON 'method')")
     return "\n".join(lines)
 
 

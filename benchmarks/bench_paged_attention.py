@@ -263,7 +263,7 @@ def time_loop(step, carry0, sets, args) -> dict:
     # which belongs to no implementation.
     unroll = max(1, -(-args.min_calls_per_iter // n))
     n_calls = n * unroll
-    # The short loop (R iterations) aims at half the target, the long one (2R) at the target.
+    # R is sized so that the short loop lasts half the target, the long one (2R) the target.
     target = args.target_ms * 1e-3 / 2
     R = 2
     f = _loop_fn(step, R, n, unroll)
@@ -981,11 +981,11 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     if env:
         lines.append("jax_paged run-time switches: "
                      + " ".join(f"{k}={v}" for k, v in env.items()))
+    pairs = method != "dispatch"  # the loop method's samples come in (R, 2R) pairs
     lines.append(f"device: {meta['device']} | jax {meta['jax_version']} | {meta['date']} | "
                  f"dtype {meta['args']['dtype']} | timing: {method}, median of {meta['args']['reps']}"
-                 f"{' (R, 2R) pairs' if method != 'dispatch' else ''}, "
-                 f"~{meta['args']['target_ms']} ms per {'2R ' if method != 'dispatch' else ''}sample "
-                 f"(see JSON 'method')")
+                 f"{' (R, 2R) pairs' if pairs else ''}, ~{meta['args']['target_ms']} ms per "
+                 f"{'2R ' if pairs else ''}sample (see JSON 'method')")
     return "\n".join(lines)
 
 

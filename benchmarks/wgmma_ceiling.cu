@@ -49,10 +49,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/wgmma.cuh"
+#include "kernels/grouped_attention.cuh"  // SmemAddr, FenceProxyAsyncShared, PackPair; wgmma.cuh
 
 namespace {
 
+using jax_paged::cuda::grouped::FenceProxyAsyncShared;
+using jax_paged::cuda::grouped::PackPair;
+using jax_paged::cuda::grouped::SmemAddr;
 using jax_paged::cuda::grouped::SmemDescriptor;
 using jax_paged::cuda::grouped::SmemSwizzle;
 using jax_paged::cuda::grouped::WgmmaAccAll;
@@ -84,10 +87,6 @@ constexpr int kNT = kD / 8;             // P.V n-tiles (8 dims) per thread
     }                                                                                  \
   } while (0)
 
-__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 __device__ __forceinline__ void NamedSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -136,7 +135,7 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
     }
     *reinterpret_cast<uint4*>(smem + dst) = v;
   }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  FenceProxyAsyncShared();  // generic stores, then the tensor cores' reads
   __syncthreads();
 
   // Q as wgmma A fragments (mma.m16n8k16's A layout per warp), 16 dims per step.
@@ -150,7 +149,7 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
     q[kk][3] = *reinterpret_cast<const uint32_t*>(q_glob + (row0 + 8) * kD + c + 8);
   }
 
-  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t smem0 = SmemAddr(smem);
   const uint64_t k_desc = SmemDescriptor(16u * kBS, 128u, SmemSwizzle::kNone);
   const uint64_t k_desc32 = SmemDescriptor(16u * kBS, kPageBytes, SmemSwizzle::kNone);
   const uint64_t v_desc = SmemDescriptor(16u, 256u, SmemSwizzle::k32B);
@@ -183,17 +182,19 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
     const uint32_t kbase = smem0 + st * kStageBytes;
     if (kWgs == 2 && t > 0) NamedSync(1 + wg, 256);  // the other's products went first
     WgmmaFence();
+    if constexpr (kN32) {
 #pragma unroll
-    for (int p = 0; p < kPages; ++p) {
-      if constexpr (kN32) {
-        if (p >= 2) break;  // p = h: tokens 8 h.. of every page
-        const uint32_t base = kbase + p * 128;
-        WgmmaN32<T, false>(s[0][p], s[1][p], s[2][p], s[3][p], q[0], WithStart(k_desc32, base));
+      for (int h = 0; h < 2; ++h) {  // tokens 8 h..8 h + 7 of every page
+        const uint32_t base = kbase + h * 128;
+        WgmmaN32<T, false>(s[0][h], s[1][h], s[2][h], s[3][h], q[0], WithStart(k_desc32, base));
 #pragma unroll
         for (int kk = 1; kk < kD / 16; ++kk)
-          WgmmaN32<T, true>(s[0][p], s[1][p], s[2][p], s[3][p], q[kk],
+          WgmmaN32<T, true>(s[0][h], s[1][h], s[2][h], s[3][h], q[kk],
                             WithStart(k_desc32, base + kk * 512));
-      } else {
+      }
+    } else {
+#pragma unroll
+      for (int p = 0; p < kPages; ++p) {
         const uint32_t page = kbase + p * kPageBytes;
         WgmmaN16<T, false>(s[p][0], s[p][1], q[0], WithStart(k_desc, page));
 #pragma unroll
@@ -242,10 +243,10 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
           e[n][j] = exp2f(s[p][n][j] * scale_log2 - mx[j >> 1]);
           l_run[j >> 1] += e[n][j];
         }
-      pa[p][0] = Pack(e[0][0], e[0][1]);
-      pa[p][1] = Pack(e[0][2], e[0][3]);
-      pa[p][2] = Pack(e[1][0], e[1][1]);
-      pa[p][3] = Pack(e[1][2], e[1][3]);
+      pa[p][0] = PackPair<T>(e[0][0], e[0][1]);
+      pa[p][1] = PackPair<T>(e[0][2], e[0][3]);
+      pa[p][2] = PackPair<T>(e[1][0], e[1][1]);
+      pa[p][3] = PackPair<T>(e[1][2], e[1][3]);
     }
     prev_stage = st;
   };

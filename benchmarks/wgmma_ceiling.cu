@@ -53,18 +53,8 @@
 
 namespace {
 
-using jax_paged::cuda::grouped::FenceProxyAsyncShared;
-using jax_paged::cuda::grouped::PackPair;
-using jax_paged::cuda::grouped::SmemAddr;
-using jax_paged::cuda::grouped::SmemDescriptor;
-using jax_paged::cuda::grouped::SmemSwizzle;
-using jax_paged::cuda::grouped::WgmmaAccAll;
-using jax_paged::cuda::grouped::WgmmaCommit;
-using jax_paged::cuda::grouped::WgmmaFence;
-using jax_paged::cuda::grouped::WgmmaN16;
-using jax_paged::cuda::grouped::WgmmaN32;
-using jax_paged::cuda::grouped::WgmmaWaitAll;
-using jax_paged::cuda::grouped::WithStart;
+// The kernel library's helpers: SmemAddr, PackPair, the wgmma wrappers and descriptors.
+using namespace jax_paged::cuda::grouped;  // NOLINT(build/namespaces)
 using T = __nv_bfloat16;
 
 constexpr int kD = 128;                 // head size

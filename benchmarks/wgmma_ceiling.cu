@@ -35,8 +35,10 @@
 //       -gencode=arch=compute_90a,code=sm_90a -Icuda \
 //       benchmarks/wgmma_ceiling.cu -o wgmma_ceiling && ./wgmma_ceiling
 //
-// Output: the checks, then per form and Q.K shape the median of 20 timed
-// launches (us) and the rate in TFLOP/s (4 * 64 * 128 flops per token and item).
+// Output: the checks, then per form and Q.K shape the resident CTAs per SM, the
+// median of 20 timed launches (us) and the rate in TFLOP/s (4 * 64 * 128 flops
+// per token and item). One row repeats the m64n32k16 form with 100 KB of shared
+// memory per CTA: two CTAs per SM, as the grouped kernel's 64-row CTAs have.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -367,9 +369,19 @@ std::vector<double> Reference(const Data& x, int tiles, double scale) {
   return out;
 }
 
+// smem: the dynamic shared memory asked for (>= kSmemBytes); more than the
+// stages need limits the CTAs per SM, as the grouped kernel's larger stages do.
 template <int kWgs, bool kN32>
-void Launch(int items, const T* k, const T* v, const T* q, float* out, int tiles, float scale_log2) {
-  TileLoop<kWgs, kN32><<<items, 128 * kWgs, kSmemBytes>>>(k, v, q, out, tiles, scale_log2);
+void Launch(int items, const T* k, const T* v, const T* q, float* out, int tiles, float scale_log2,
+            int smem = kSmemBytes) {
+  TileLoop<kWgs, kN32><<<items, 128 * kWgs, smem>>>(k, v, q, out, tiles, scale_log2);
+}
+
+template <int kWgs, bool kN32>
+int CtasPerSm(int smem) {
+  int n = 0;
+  CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, TileLoop<kWgs, kN32>, 128 * kWgs, smem));
+  return n;
 }
 
 template <int kWgs, bool kN32>
@@ -402,17 +414,18 @@ bool Check(const Data& x, const T* k, const T* v, const T* q, float* out, int ti
 }
 
 template <int kWgs, bool kN32>
-double TimeUs(const T* k, const T* v, const T* q, float* out, int items, int tiles) {
+double TimeUs(const T* k, const T* v, const T* q, float* out, int items, int tiles,
+              int smem = kSmemBytes) {
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(kD)));
   cudaEvent_t a, b;
   CUDA_OK(cudaEventCreate(&a));
   CUDA_OK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) Launch<kWgs, kN32>(items, k, v, q, out, tiles, scale_log2);
+  for (int i = 0; i < 3; ++i) Launch<kWgs, kN32>(items, k, v, q, out, tiles, scale_log2, smem);
   CUDA_OK(cudaGetLastError());
   std::vector<float> ms;
   for (int i = 0; i < 20; ++i) {
     CUDA_OK(cudaEventRecord(a));
-    Launch<kWgs, kN32>(items, k, v, q, out, tiles, scale_log2);
+    Launch<kWgs, kN32>(items, k, v, q, out, tiles, scale_log2, smem);
     CUDA_OK(cudaEventRecord(b));
     CUDA_OK(cudaEventSynchronize(b));
     float t = 0.0f;
@@ -436,9 +449,12 @@ int main() {
     std::printf("needs compute capability 9.0 (sm_90a code): skipped\n");
     return 0;
   }
+  // (kTwoPerSm: the stages of the grouped kernel's 64-row CTAs, three of 32 KB and their
+  // extras, which leave two CTAs per SM.)
+  constexpr int kTwoPerSm = 100 * 1024;
   CUDA_OK(cudaFuncSetAttribute(TileLoop<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   CUDA_OK(cudaFuncSetAttribute(TileLoop<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  CUDA_OK(cudaFuncSetAttribute(TileLoop<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTwoPerSm));
   CUDA_OK(cudaFuncSetAttribute(TileLoop<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const Data x = MakeData(1234u);
   T *k, *v, *q;
@@ -462,13 +478,18 @@ int main() {
   const double gflop = 4.0 * kRows * kD * double(kTile) * tiles * items / 1e9;
   std::printf("work: %d items x %d tiles of %d tokens, %d rows, head %d: %.1f GFLOP\n", items, tiles,
               kTile, kRows, kD, gflop);
-  auto report = [&](const char* name, double us) {
-    std::printf("%-58s %8.1f us  %6.1f TFLOP/s\n", name, us, gflop / us * 1e3);
+  auto report = [&](const char* name, int ctas_per_sm, double us) {
+    std::printf("%-58s %d/SM %8.1f us  %6.1f TFLOP/s\n", name, ctas_per_sm, us, gflop / us * 1e3);
   };
-  report("form 1 (one warpgroup per CTA), Q.K m64n16k16 per page:", TimeUs<1, false>(k, v, q, out, items, tiles));
-  report("form 2 (two warpgroups, ping-pong), m64n16k16:", TimeUs<2, false>(k, v, q, out, items, tiles));
-  report("form 1, Q.K m64n32k16 across the pages:", TimeUs<1, true>(k, v, q, out, items, tiles));
-  report("form 2, m64n32k16:", TimeUs<2, true>(k, v, q, out, items, tiles));
+  report("form 1 (one warpgroup per CTA), Q.K m64n16k16 per page:", CtasPerSm<1, false>(kSmemBytes),
+         TimeUs<1, false>(k, v, q, out, items, tiles));
+  report("form 2 (two warpgroups, ping-pong), m64n16k16:", CtasPerSm<2, false>(kSmemBytes),
+         TimeUs<2, false>(k, v, q, out, items, tiles));
+  report("form 1, Q.K m64n32k16 across the pages:", CtasPerSm<1, true>(kSmemBytes),
+         TimeUs<1, true>(k, v, q, out, items, tiles));
+  report("form 1, m64n32k16, 100 KB of shared memory per CTA:", CtasPerSm<1, true>(kTwoPerSm),
+         TimeUs<1, true>(k, v, q, out, items, tiles, kTwoPerSm));
+  report("form 2, m64n32k16:", CtasPerSm<2, true>(kSmemBytes), TimeUs<2, true>(k, v, q, out, items, tiles));
   std::printf("compare: the grouped kernel's arithmetic alone, same work (JAX_PAGED_PROBE_NO_LOADS,\n"
               "64,32,8,4096 --q-len 16): mma.sync row split 263.7 us, thirteenth session's wgmma form\n"
               "288.6 us (BENCHMARKS.md, twenty-fifth session; another run)\n");

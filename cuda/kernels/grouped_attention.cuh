@@ -881,6 +881,10 @@ __global__ void __launch_bounds__(
   // 0 there, but 0 * NaN is NaN), so every row is rewritten. Stage st's V; all
   // threads; the caller fences.
   auto v_to_mma_layout = [&](int st, Mask data_bits) {
+#ifdef JAX_PAGED_PROBE_NO_VSWIZZLE
+    // Timing probe (development, wrong results): the wgmma form without this pass.
+    return;
+#endif
     unsigned char* vrows =
         smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC);
     const bool masked = data_bits != kFullMask;

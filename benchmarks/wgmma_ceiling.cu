@@ -491,8 +491,9 @@ int main() {
          TimeUs<1, true>(k, v, q, out, items, tiles, kTwoPerSm));
   report("form 2, m64n32k16:", CtasPerSm<2, true>(kSmemBytes), TimeUs<2, true>(k, v, q, out, items, tiles));
   std::printf("compare: the grouped kernel's arithmetic alone, same work (JAX_PAGED_PROBE_NO_LOADS,\n"
-              "64,32,8,4096 --q-len 16): mma.sync row split 263.7 us, thirteenth session's wgmma form\n"
-              "288.6 us (BENCHMARKS.md, twenty-fifth session; another run)\n");
+              "64,32,8,4096 --q-len 16, per-sample averages): mma.sync row split 263.7 us, the\n"
+              "thirteenth session's wgmma form 288.6 us (twenty-fifth session), that form without its\n"
+              "in-place V swizzle 188.0 us (twenty-sixth session; BENCHMARKS.md; other runs)\n");
   CUDA_OK(cudaFree(k));
   CUDA_OK(cudaFree(v));
   CUDA_OK(cudaFree(q));

@@ -963,9 +963,10 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
     edge lengths (block and 64-token tile boundaries, 512-token partitions), with
     NaN in every unused cache slot; plain (the wholly valid passes), with LSE and
     a soft cap, with a window, and with 48 rows (three row blocks, the fourth
-    warp's rows empty: q_len 12). With JAX_PAGED_WGMMA=1 on an H100 / H200 (head sizes 80-128) this
-    checks the experimental wgmma kernel: V's layouts (8-token pages as stored,
-    16 and 32 swizzled in place), P.V in products of 64 + 32 + 16 columns."""
+    warp's rows empty: q_len 12). On an H100 / H200 (head sizes 80-128, 16-bit caches) this
+    checks the wgmma kernel (unless JAX_PAGED_WGMMA=0, which checks the mma.sync one): V's
+    layouts as its tensor copies write them (8-token pages as stored, 16 and 32 swizzled),
+    V zeroed where a tile has no data, P.V in products of 64 + 32 + 16 columns."""
     rng = np.random.default_rng(head_size * block_size)
     lens = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
     for q_len in (16, 12):

@@ -180,9 +180,6 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_PROBE_NO_LOADS
          "PROBE_NO_LOADS "
 #endif
-#ifdef JAX_PAGED_PROBE_NO_VSWIZZLE
-         "PROBE_NO_VSWIZZLE "
-#endif
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
          "PLAIN_ALL_VALID "
 #endif

@@ -43,10 +43,12 @@
 // a row's running maximum is raised only when a pass exceeds it by more than
 // 2^8 (lazy rescale, exact); one kernel per block size; each page is copied
 // once per 32 or 64 rows.
-// An experimental form of the 64-row CTAs (kWgmma, off unless JAX_PAGED_WGMMA=1,
-// sm_90a only) computes Q.K and P.V as warpgroup products (wgmma.cuh) reading
-// K and V from the stages in place (V's 16- and 32-token pages swizzled in
-// place first), tile k + 1's Q.K overlapping tile k's softmax.
+// On compute capability 9.0 the 64-row CTAs of 16-bit caches at head sizes
+// 80-128 take their wgmma form (kWgmma, sm_90a code; JAX_PAGED_WGMMA=0 switches
+// it off): Q.K and P.V as warpgroup products (wgmma.cuh) reading K and V from
+// the stages in place (V's pages copied through a tensor map, v_map, that
+// swizzles them into P.V's operand layout), tile k + 1's Q.K overlapping tile
+// k's softmax.
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the
@@ -56,6 +58,7 @@
 // writes the workspace and V2's reduce kernel runs after it.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the wgmma form's V copies; no driver call is linked)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -65,6 +68,7 @@
 #include <cfloat>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <type_traits>
 
 #include "dtypes.cuh"
@@ -134,6 +138,17 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
           "r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// Global -> shared copy of the box at (x, y) of a 2-D tensor map (a
+// __grid_constant__ kernel parameter), completing on the mbarrier's transaction
+// count; the map's swizzle mode lays the box out in shared memory.
+__device__ __forceinline__ void TensorCopy2dG2S(uint32_t dst, const CUtensorMap* map, int x, int y,
+                                                uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
 #endif  // JAX_PAGED_GROUPED_SM90
@@ -370,7 +385,7 @@ __global__ void __launch_bounds__(
                              kRowBlocks>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
-                           const bool direct_out) {
+                           const bool direct_out, const __grid_constant__ CUtensorMap v_map) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
@@ -541,7 +556,17 @@ __global__ void __launch_bounds__(
       const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes +
                            static_cast<uint32_t>(lane) * page_bytes;
       BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
-      BulkCopyG2S(dst + C::kTileElems * sizeof(TC), value_cache + src, page_bytes, bar);
+      const uint32_t dst_v = dst + C::kTileElems * sizeof(TC);
+      if constexpr (kWgmma) {
+        // The V page as the box of rows (phys * num_kv_heads + kv_head) * D.. of
+        // v_map ([rows][BS] with the products' swizzle, EncodeValueTensorMap):
+        // it arrives in P.V's operand layout. (The launcher checks that the
+        // rows fit an int.)
+        const int v_row = static_cast<int>((phys * p.num_kv_heads + kv_head) * D);
+        TensorCopy2dG2S(dst_v, &v_map, 0, v_row, bar);
+      } else {
+        BulkCopyG2S(dst_v, value_cache + src, page_bytes, bar);
+      }
     }
   };
 
@@ -853,7 +878,11 @@ __global__ void __launch_bounds__(
   // and up to 64 dims, K-major (tokens) rows of the V page ([D][BS]), BS * 2 bytes
   // per dim: 8-token pages are that layout without swizzle (the next 8 tokens are
   // the next page); 16- and 32-token pages are it with 32- and 64-byte swizzle,
-  // which v_to_mma_layout (below) applies in place after each stage arrives.
+  // which the V pages' tensor copies (issue, v_map) write. (Until the
+  // twenty-sixth session a bulk copy brought V unswizzled and the warpgroup
+  // swizzled it in place per tile: without that pass the form's arithmetic
+  // alone went from 288.6 to 188.0 us at q_len 16, 64 x 32 x 8 x 4096, and
+  // the mma.sync row split's is 263.4; H200, BENCHMARKS.md.)
   // wg_k_off / wg_v_off: byte offsets of tile tokens 16 h.. in a stage's K / V.
   // wg_k_off[s]: of Q.K product s's first token.
   uint32_t wg_k_off[2] = {}, wg_v_off[kSub] = {};
@@ -873,51 +902,34 @@ __global__ void __launch_bounds__(
                      : (BS == 16 ? SmemDescriptor(16u, 256u, SmemSwizzle::k32B)
                                  : SmemDescriptor(16u, 512u, SmemSwizzle::k64B));
   }
-  // V rows (page, dim: BS tokens each) of a stage into the layouts above, in place:
-  // 16-token pages swap the two 16-byte halves of rows with d & 4 (32-byte
-  // swizzle: address bit 4 ^= bit 7), 32-token pages put 16-byte chunk c of row d
-  // at c ^ ((d >> 1) & 3) (64-byte swizzle: bits 4-5 ^= bits 7-8). Where the tile
-  // has tokens without data (data_bits not full) their values are zeroed too (P is
-  // 0 there, but 0 * NaN is NaN), so every row is rewritten. Stage st's V; all
+  // V's tokens without data in stage st zeroed (P is 0 there, but 0 * NaN is NaN;
+  // pages not copied hold a previous tile's or never-written bytes). The tensor copy
+  // laid each row (page, dim: BS tokens) out swizzled: 16-token pages hold token
+  // chunk c (8 tokens, 16 bytes) of row d at chunk c ^ ((d >> 2) & 1) (32-byte
+  // swizzle: address bit 4 ^= bit 7), 32-token pages at c ^ ((d >> 1) & 3) (64-byte
+  // swizzle: bits 4-5 ^= bits 7-8), 8-token pages in place. For tiles with such
+  // tokens only (data_bits not full: a partition's last tile, as a rule); all
   // threads; the caller fences.
-  auto v_to_mma_layout = [&](int st, Mask data_bits) {
-#ifdef JAX_PAGED_PROBE_NO_VSWIZZLE
-    // Timing probe (development, wrong results): the wgmma form without this pass.
-    return;
-#endif
+  auto zero_v_without_data = [&](int st, Mask data_bits) {
     unsigned char* vrows =
         smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC);
-    const bool masked = data_bits != kFullMask;
-    if (BS == 8 && !masked) return;  // already in place
-    const int chunks = BS >> 3;      // 16-byte chunks (8 tokens) per row
+    const int chunks = BS >> 3;  // 16-byte chunks (8 tokens) per row
     for (int r = tid; r < ppt * D; r += kThreads) {
       const int page = r / D;
       const int d = r - page * D;
-      const uint32_t swz = BS == 16 ? (d >> 2) & 1 : (BS == 32 ? (d >> 1) & 3 : 0);
-      if (!masked && swz == 0u) continue;
+      const int swz = BS == 16 ? (d >> 2) & 1 : (BS == 32 ? (d >> 1) & 3 : 0);
       uint4* row = reinterpret_cast<uint4*>(vrows + (page * page_elems + d * BS) * 2);
-      const uint32_t bits = masked ? static_cast<uint32_t>(data_bits >> (page * BS)) : ~0u;
-      auto keep = [&](uint4 c, int j) {  // chunk j's tokens without data zeroed
-        const uint32_t b = bits >> (8 * j);
+      const uint32_t bits = static_cast<uint32_t>(data_bits >> (page * BS));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // stored chunk j holds the tokens of chunk j ^ swz
+        if (j >= chunks) continue;
+        const uint32_t b = bits >> (8 * (j ^ swz));
+        uint4 c = row[j];
         c.x &= ((b & 1u) ? 0x0000FFFFu : 0u) | ((b & 2u) ? 0xFFFF0000u : 0u);
         c.y &= ((b & 4u) ? 0x0000FFFFu : 0u) | ((b & 8u) ? 0xFFFF0000u : 0u);
         c.z &= ((b & 16u) ? 0x0000FFFFu : 0u) | ((b & 32u) ? 0xFFFF0000u : 0u);
         c.w &= ((b & 64u) ? 0x0000FFFFu : 0u) | ((b & 128u) ? 0xFFFF0000u : 0u);
-        return c;
-      };
-      // The permutation is a product of swaps (j, j ^ swz): two chunks at a time.
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int jj = j ^ static_cast<int>(swz);
-        if (j >= chunks || jj < j) continue;
-        const uint4 a = keep(row[j], j);
-        if (jj == j) {
-          row[j] = a;
-        } else {
-          const uint4 b = keep(row[jj], jj);
-          row[jj] = a;
-          row[j] = b;
-        }
+        row[j] = c;
       }
     }
   };
@@ -962,8 +974,8 @@ __global__ void __launch_bounds__(
   };
 
   // wgmma: S = Q K^T of the tile in stage st (arrived, with data) issued into
-  // s_next; v_to_mma_layout then re-lays its V for P.V. The kernel issues
-  // tile k + 1's products before tile k's softmax, so that the tensor cores
+  // s_next; zero_v_without_data then clears V where the tile has no data. The
+  // kernel issues tile k + 1's products before tile k's softmax, so that the tensor cores
   // compute them while the CUDA cores work (S double-buffered: sw, s_next).
   float s_next[kWgmma ? kSub : 1][2][4];
   auto issue_qk = [&](int st, float (&dst)[kWgmma ? kSub : 1][2][4]) {
@@ -996,11 +1008,11 @@ __global__ void __launch_bounds__(
   if constexpr (kWgmma) {
     MbarWait(bar0, 0u);
     next_mask = tile_mask(0, 0);
-    if (next_mask != 0u) {
-      issue_qk(0, s_next);
-      v_to_mma_layout(0, next_mask);
+    if (next_mask != 0u) issue_qk(0, s_next);
+    if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
+      zero_v_without_data(0, next_mask);
+      FenceProxyAsyncShared();  // the zeros, before the tensor cores read V
     }
-    FenceProxyAsyncShared();  // the re-layout's stores, before the tensor cores read V
     __syncthreads();
     WgmmaWaitAll();
   }
@@ -1310,7 +1322,7 @@ __global__ void __launch_bounds__(
         const bool masked = smask != kFullMask;
         if constexpr (kWgmma) {
           // O (64 rows x D) += P V, 16 tokens x up to 64 dims per product; V's
-          // tokens without data were zeroed by v_to_mma_layout.
+          // tokens without data were zeroed by zero_v_without_data.
           WgmmaFence();
 #pragma unroll
           for (int h = 0; h < kSub; ++h)
@@ -1464,10 +1476,13 @@ __global__ void __launch_bounds__(
 
     if constexpr (kWgmma) {
       // Tile k + 1's Q.K (if not issued above: tile k had nothing to compute) and
-      // V; then every product in flight done (this stage's P.V before its refill).
+      // V's tokens without data; then every product in flight done (this stage's
+      // P.V before its refill).
       if (smask == 0u && next_mask != 0u) issue_qk(next_stage, s_next);
-      if (next_mask != 0u) v_to_mma_layout(next_stage, next_mask);
-      FenceProxyAsyncShared();
+      if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
+        zero_v_without_data(next_stage, next_mask);
+        FenceProxyAsyncShared();
+      }
       WgmmaWaitAll();
     }
     // Every warp done with this stage: the decode kernels' last warp to release
@@ -1477,7 +1492,7 @@ __global__ void __launch_bounds__(
     // were that barrier's, it measured 2-3% faster at q_len 16 than either
     // barrier-free release (H200, fifteenth session; its 64 rows' warps then run
     // their products and softmax in step). So does the wgmma form (its warpgroup
-    // re-lays V in place between the products).
+    // zeroes V's tokens without data in place between the products).
     constexpr bool kCtaBarrier = kWgmma || kRowSplit;
     if (pending_stage >= 0) {  // the table entries of this warp's last refill
       if (lane < C::kMaxTilePages)
@@ -1632,7 +1647,7 @@ __global__ void __launch_bounds__(
 // One instantiation of the kernel with its own once-per-device flags (shared
 // memory limit raised, carveout hint set), its shared memory and rows per CTA.
 struct GroupedInstance {
-  void (*kernel)(PagedAttentionParams, int, int, int, bool);
+  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap);
   std::atomic<bool>* smem_configured;  // [kMaxDevices]
   std::atomic<bool>* carveout_set;     // [kMaxDevices]
   size_t smem_bytes;                   // GroupedConfig::kSmemBytes
@@ -1648,17 +1663,61 @@ GroupedInstance GroupedInstanceOf() {
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
 }
 
-// Whether calls run the wgmma row split (an experiment, off by default):
-// JAX_PAGED_WGMMA=1 switches it on (read once), and it runs only on compute
-// capability 9.0, the one its sm_90a machine code runs on. It computes the same
-// results (the GPU suite passed with it on, H200, thirteenth session) but
-// measured 11-20% slower than the mma.sync row split at q_len 16, e.g. 399.7
-// against 347.0 us at 64 x 32 x 8 x 4096 (BENCHMARKS.md, thirteenth session).
-// Kept, tested, as the base for the next step (the two CTAs of an SM taking
-// turns on the tensor cores, or producer / consumer warpgroups), not chosen.
+// Whether the 64-row CTAs run their wgmma form: on compute capability 9.0, the
+// one its sm_90a machine code runs on, unless JAX_PAGED_WGMMA=0 (read once; for
+// A/B runs in one build). Since its V pages arrive swizzled by tensor copies it
+// is 3-9% faster than the mma.sync row split at q_len 16 (H200, six
+// configurations, e.g. 285.3 against 308.5 us at 64 x 32 x 8 x 4096; the GPU
+// suite passed with it; BENCHMARKS.md, twenty-sixth session). (Swizzling V in
+// place per tile, its thirteenth-session form was 11-20% slower.)
 inline bool WgmmaEnabled(int device) {
-  static const bool enabled = EnvIs("JAX_PAGED_WGMMA", "1");
+  static const bool enabled = !EnvIs("JAX_PAGED_WGMMA", "0");
   return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
+}
+
+// The wgmma form's tensor map of the value cache (T elements, head size D): a
+// 2-D tensor of num_blocks * num_kv_heads * D rows of block_size tokens, whose
+// box of D rows is one page of one KV head ([D][BS]), laid out in shared memory
+// with the swizzle P.V's operand descriptor reads (32-byte rows of 16-token
+// pages: 32-byte swizzle; 64-byte rows of 32-token pages: 64-byte; 8-token pages:
+// none). The driver's encoder is found through the runtime, so nothing links
+// libcuda. False, and the caller runs the mma.sync row split, when there is no
+// encoder, the rows do not fit the copy's int coordinates, or encoding fails.
+template <typename T, int D>
+bool EncodeValueTensorMap(const PagedAttentionParams& p, CUtensorMap* map) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                              const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                              const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<Encode>(nullptr);
+    }
+    return reinterpret_cast<Encode>(fn);
+  }();
+  const int64_t rows = static_cast<int64_t>(p.num_blocks) * p.num_kv_heads * D;
+  if (encode == nullptr || rows <= 0 || rows > INT_MAX ||
+      reinterpret_cast<uintptr_t>(p.value_cache) % 16 != 0)
+    return false;
+  const int bs = p.block_size;  // 8, 16 or 32 (checked by the handler)
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(bs), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t row_stride[1] = {static_cast<cuuint64_t>(bs) * sizeof(T)};  // bytes
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(bs), static_cast<cuuint32_t>(D)};
+  const cuuint32_t unit[2] = {1u, 1u};
+  const CUtensorMapSwizzle swizzle = bs == 16   ? CU_TENSOR_MAP_SWIZZLE_32B
+                                     : bs == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                : CU_TENSOR_MAP_SWIZZLE_NONE;
+  const CUtensorMapDataType dtype = std::is_same_v<T, __nv_bfloat16>
+                                        ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, dtype, 2, const_cast<void*>(p.value_cache), dims, row_stride, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // The row split's 64-row kernel with wgmma (kWgmma), for 16-bit caches of the
@@ -1737,15 +1796,30 @@ GroupedInstance WgmmaRowSplitInstance(int block_size) {
 // and f32 caches run the general one (fewer instantiations). H200, ninth
 // session, soft cap 30 against the general kernel: -0.2..-0.9 us at B=1
 // L=32768 (41.6-41.7 us, 76.7-77.5% of copy), -0.1 to -1.3 us elsewhere.
+// v_map: the wgmma form's value-cache tensor map, encoded here when that form is chosen.
 template <typename T, typename TC, int D, int kRowBlocks = 1>
-GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device) {
+GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
+                                      CUtensorMap* v_map) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
 #ifdef JAX_PAGED_HAVE_WGMMA
   if constexpr (kRowBlocks == 4 && WgmmaRowSplitAvailable(sizeof(T), sizeof(TC), D)) {
-    if (WgmmaEnabled(device)) return WgmmaRowSplitInstance<T, D>(p.block_size);
+    if (WgmmaEnabled(device)) {
+      if (EncodeValueTensorMap<T, D>(p, v_map)) return WgmmaRowSplitInstance<T, D>(p.block_size);
+      // Asked for by name (JAX_PAGED_WGMMA=1): say once why it does not run (the
+      // results are the same).
+      static std::atomic<bool> told{false};
+      if (EnvIs("JAX_PAGED_WGMMA", "1") && !told.exchange(true))
+        std::fprintf(stderr,
+                     "jax_paged: JAX_PAGED_WGMMA=1, but the value cache's tensor map could not be "
+                     "encoded (no driver encoder, a cache not 16-byte aligned, or num_blocks * "
+                     "num_kv_heads * head_size = %lld rows above %d); running the mma.sync row "
+                     "split\n",
+                     static_cast<long long>(p.num_blocks) * p.num_kv_heads * D, INT_MAX);
+    }
   }
 #else
   (void)device;
+  (void)v_map;
 #endif
   // (The row split runs multi-token queries only, never the plain step: kRowBlocks
   // > 1 instantiates the general kernel alone.)
@@ -1766,11 +1840,12 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device)
 // pages; else SelectGroupedKernelOf's 16-row kernel. (Only where RowSplitAvailable
 // are row-split kernels instantiated: 16-bit queries.)
 template <typename T, typename TC, int D>
-GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p, int device) {
+GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p, int device,
+                                    CUtensorMap* v_map) {
   return WithRowBlocks<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(
       p.q_len, RowsPerKvHead(p),
       [&](auto row_blocks) {
-        return SelectGroupedKernelOf<T, TC, D, decltype(row_blocks)::value>(p, device);
+        return SelectGroupedKernelOf<T, TC, D, decltype(row_blocks)::value>(p, device, v_map);
       });
 }
 
@@ -1783,7 +1858,8 @@ constexpr bool kProbeNoReduce = false;
 template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
                                    cudaStream_t stream) {
-  const GroupedInstance g = SelectGroupedKernel<T, TC, HEAD_SIZE>(p, device);
+  CUtensorMap v_map{};  // (zeros, unread, unless the wgmma form runs)
+  const GroupedInstance g = SelectGroupedKernel<T, TC, HEAD_SIZE>(p, device, &v_map);
   if (cudaError_t err = ConfigureGroupedKernel(g, device); err != cudaSuccess) return err;
   const int rows = RowsPerKvHead(p);
   const int group_chunks = (rows + g.max_rows - 1) / g.max_rows;
@@ -1793,7 +1869,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
     g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), kThreads,
-             g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
+             g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out, v_map);
     if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;

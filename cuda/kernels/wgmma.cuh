@@ -9,7 +9,7 @@
 // kernel's fragments (its S and O tiles, P as A) are those of its mma.sync
 // path, and only the products change.
 //
-// Used by the experimental kWgmma kernels (off unless JAX_PAGED_WGMMA=1).
+// Used by the kWgmma kernels (on compute capability 9.0 unless JAX_PAGED_WGMMA=0).
 // Compiled only where __CUDA_ARCH_FEAT_SM90_ALL is defined (the sm_90a
 // target, cuda/ffi/wgmma_grouped_*.cu); elsewhere the wrappers trap.
 #pragma once

@@ -376,7 +376,8 @@ constexpr bool kPlainAllValid = false;
 // query rows per CTA, warp w computing row block w / kSliceGroups over slices
 // w % kSliceGroups + j * kSliceGroups of each tile, all in one pass
 // (GroupedConfig); the epilogue merges the kSliceGroups partials of each row.
-// kWgmma: the row split's experimental warpgroup-product form (wgmma.cuh).
+// kWgmma: the row split's warpgroup-product form (wgmma.cuh; the default on
+// compute capability 9.0).
 // kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>

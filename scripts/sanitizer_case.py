@@ -56,6 +56,10 @@ ATTENTION_CASES = [
     # Group 8 at head 128: q_len 3 gives 24 rows per KV head, a 32-row CTA (two row
     # blocks, the second half empty), fp8 caches included.
     ("bfloat16", 128, 16, 8, 1, [1, 40, 530], False),
+    # Group 16 at head 96: q_len 3 gives 48 rows per KV head, one 64-row CTA (the
+    # fourth row block empty); on compute capability 9.0 its wgmma form, whose V pages
+    # come through the value cache's tensor map.
+    ("float16", 96, 16, 32, 2, [1, 40, 530], False),
 ]
 
 

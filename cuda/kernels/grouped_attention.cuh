@@ -1676,31 +1676,38 @@ inline bool WgmmaEnabled(int device) {
   return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
 }
 
-// The wgmma form's tensor map of the value cache (T elements, head size D): a
-// 2-D tensor of num_blocks * num_kv_heads * D rows of block_size tokens, whose
-// box of D rows is one page of one KV head ([D][BS]), laid out in shared memory
-// with the swizzle P.V's operand descriptor reads (32-byte rows of 16-token
-// pages: 32-byte swizzle; 64-byte rows of 32-token pages: 64-byte; 8-token pages:
-// none). The driver's encoder is found through the runtime, so nothing links
-// libcuda. False, and the caller runs the mma.sync row split, when there is no
-// encoder, the rows do not fit the copy's int coordinates, or encoding fails.
-template <typename T, int D>
-bool EncodeValueTensorMap(const PagedAttentionParams& p, CUtensorMap* map) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                              const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                              const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const Encode encode = [] {
+// The driver's cuTensorMapEncodeTiled, found once through the runtime (so that
+// nothing links libcuda); nullptr where the driver has none.
+using TensorMapEncoder = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                      const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                      const cuuint32_t*, CUtensorMapInterleave,
+                                      CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                      CUtensorMapFloatOOBfill);
+inline TensorMapEncoder DriverTensorMapEncoder() {
+  static const TensorMapEncoder encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
                                          &found) != cudaSuccess ||
         found != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
-      return static_cast<Encode>(nullptr);
+      return static_cast<TensorMapEncoder>(nullptr);
     }
-    return reinterpret_cast<Encode>(fn);
+    return reinterpret_cast<TensorMapEncoder>(fn);
   }();
+  return encode;
+}
+
+// The wgmma form's tensor map of the value cache (T elements, head size D): a
+// 2-D tensor of num_blocks * num_kv_heads * D rows of block_size tokens, whose
+// box of D rows is one page of one KV head ([D][BS]), laid out in shared memory
+// with the swizzle P.V's operand descriptor reads (32-byte rows of 16-token
+// pages: 32-byte swizzle; 64-byte rows of 32-token pages: 64-byte; 8-token pages:
+// none). False, and the caller runs the mma.sync row split, when there is no
+// encoder, the rows do not fit the copy's int coordinates, or encoding fails.
+template <typename T, int D>
+bool EncodeValueTensorMap(const PagedAttentionParams& p, CUtensorMap* map) {
+  const TensorMapEncoder encode = DriverTensorMapEncoder();
   const int64_t rows = static_cast<int64_t>(p.num_blocks) * p.num_kv_heads * D;
   if (encode == nullptr || rows <= 0 || rows > INT_MAX ||
       reinterpret_cast<uintptr_t>(p.value_cache) % 16 != 0)
@@ -1810,12 +1817,11 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
       // results are the same).
       static std::atomic<bool> told{false};
       if (EnvIs("JAX_PAGED_WGMMA", "1") && !told.exchange(true))
-        std::fprintf(stderr,
-                     "jax_paged: JAX_PAGED_WGMMA=1, but the value cache's tensor map could not be "
-                     "encoded (no driver encoder, a cache not 16-byte aligned, or num_blocks * "
-                     "num_kv_heads * head_size = %lld rows above %d); running the mma.sync row "
-                     "split\n",
-                     static_cast<long long>(p.num_blocks) * p.num_kv_heads * D, INT_MAX);
+        std::fputs("jax_paged: JAX_PAGED_WGMMA=1, but the value cache's tensor map could not be "
+                   "encoded (no driver encoder, a cache not 16-byte aligned, or more than "
+                   "2^31 - 1 rows of num_blocks * num_kv_heads * head_size); running the "
+                   "mma.sync row split\n",
+                   stderr);
     }
   }
 #else

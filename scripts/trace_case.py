@@ -10,6 +10,7 @@ entry to last exit) and the distribution over CTAs of each phase.
 
     CMAKE_ARGS="-DJAX_PAGED_TRACE=ON" python3 -m pip install --no-build-isolation --no-deps -e .
     python3 scripts/trace_case.py --config 1,32,8,32768
+    python3 scripts/trace_case.py --config 256,32,8,1024 --q-len 16   # the row split
     python3 -m pip install --no-build-isolation --no-deps -e .   # back to the normal build
 
 Command buffers are turned off (XLA_FLAGS) so that every call goes through
@@ -60,6 +61,8 @@ def main() -> int:
     ap.add_argument("--config", default="1,32,8,32768", help="B,Hq,Hkv,L[,head_size[,block_size]]")
     ap.add_argument("--kv", default="bf16", choices=["bf16"] + sorted(FP8),
                     help="cache type (fp8: random values over per-tensor scales)")
+    ap.add_argument("--q-len", type=int, default=1,
+                    help="new query tokens per sequence (multi-token queries: the row-split kernel)")
     ap.add_argument("--calls", type=int, default=5, help="traced calls (after two untraced)")
     ap.add_argument("--capacity", type=int, default=1 << 16, help="CTAs the buffer holds")
     args = ap.parse_args()
@@ -68,7 +71,7 @@ def main() -> int:
         print("trace_case: this build has no tracing; rebuild with "
               'CMAKE_ARGS="-DJAX_PAGED_TRACE=ON" (see the docstring)')
         return 2
-    case, kwargs = build_case(args.config), {}
+    case, kwargs = build_case(args.config, args.q_len), {}
     if args.kv != "bf16":
         case, kwargs = fp8_case(case, args.kv)
     q, kc, vc, bt, sl = case
@@ -77,7 +80,7 @@ def main() -> int:
     fn = jax.jit(lambda *a: jp.paged_attention(*a, impl="grouped", **kwargs))
     for _ in range(2):
         jax.block_until_ready(fn(*case))
-    print(f"config {args.config} {args.kv}: K+V of the valid tokens {kv_bytes / 1e6:.1f} MB; "
+    print(f"config {args.config} {args.kv} q_len {args.q_len}: K+V of the valid tokens {kv_bytes / 1e6:.1f} MB; "
           f"per call, over CTAs, percentiles 0 / 50 / 90 / 100 in us")
     for i in range(args.calls):
         rows = trace_once(fn, case, args.capacity).astype(np.int64)

@@ -6,9 +6,6 @@
 #define JAX_PAGED_WGMMA_TU 1
 #include "../kernels/grouped_attention.cuh"
 
-#ifdef JAX_PAGED_WGMMA_HEAD64  // (development option: head 64 at two CTAs per SM)
-JAX_PAGED_INSTANTIATE_GROUPED_WGMMA(__half, 64)
-#endif
 JAX_PAGED_INSTANTIATE_GROUPED_WGMMA(__half, 80)
 JAX_PAGED_INSTANTIATE_GROUPED_WGMMA(__half, 96)
 JAX_PAGED_INSTANTIATE_GROUPED_WGMMA(__half, 112)

@@ -150,17 +150,8 @@ struct GroupedConfig {
   // three 32 KB stages at two CTAs per SM for D = 128 even with 64 rows.
   // (The fp8 row split above head size 64 holds the 16-bit one's registers, ~220 per
   // thread, in stages of 16 KB: two CTAs per SM.)
-  // (Development option JAX_PAGED_WGMMA_HEAD64, not yet run on a GPU: the 16-bit
-  // 64-row CTAs at head size 64 at two CTAs per SM, with six 16 KB stages, so that
-  // their wgmma form has the registers of its second S tile; see
-  // WgmmaRowSplitAvailable.)
-#ifdef JAX_PAGED_WGMMA_HEAD64
-  static constexpr bool kHead64TwoCtas = kRowBlocks == 4 && D == 64 && kMma && !kFp8;
-#else
-  static constexpr bool kHead64TwoCtas = false;
-#endif
   static constexpr int kTargetCtasPerSm =
-      kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64) && !kHead64TwoCtas ? 4 : 2;
+      kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64) ? 4 : 2;
   static constexpr int kStageBudget =
       kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
                 : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
@@ -201,13 +192,8 @@ struct GroupedConfig {
 
 // The stage counts the shared-memory budget above gives, as BENCHMARKS.md states
 // them (fifteenth session): a change of the budget that drops a stage fails here.
-#ifdef JAX_PAGED_WGMMA_HEAD64
-static_assert(GroupedConfig<2, 2, 64, 4>::kStages == 6 && GroupedConfig<2, 2, 64, 4>::kCtasPerSm == 2,
-              "JAX_PAGED_WGMMA_HEAD64: head 64's 64-row CTAs, two per SM");
-#else
 static_assert(GroupedConfig<2, 2, 64, 4>::kStages == 3 && GroupedConfig<2, 2, 64, 4>::kCtasPerSm == 4,
               "row split: query rows in the last stage");
-#endif
 static_assert(GroupedConfig<2, 2, 112, 4>::kStages == 4 &&
                   GroupedConfig<2, 2, 128, 4>::kStages == 3 && GroupedConfig<2, 2, 128, 4>::kCtasPerSm == 2,
               "row split: query rows in the last stage");
@@ -236,16 +222,11 @@ constexpr bool RowSplitAvailable(int qelem) { return qelem == 2; }
 // second S tile that lets Q.K overlap the softmax, and without it the wgmma
 // kernel measured slower than mma.sync there, H200: 204.1 against 185.5 us at
 // 64 x 32 x 8 x 4096, q_len 16, thirteenth session, while it still swizzled V in
-// place. The development option JAX_PAGED_WGMMA_HEAD64 runs those CTAs at two per
-// SM, and takes head size 64 here.)
-#ifdef JAX_PAGED_WGMMA_HEAD64
-constexpr int kWgmmaMinHead = 64;
-#else
-constexpr int kWgmmaMinHead = 80;
-#endif
+// place. With V by tensor copies and those CTAs at two per SM, six 16 KB stages,
+// it was 20-34% slower still: 213.0 against 167.6 us there, 252.0 against 187.4
+// at 256 x 32 x 8 x 1024; development option, twenty-seventh session, removed.)
 constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
-  return RowSplitAvailable(qelem) && celem == 2 && !WideRowSplitHead(d) && d % 16 == 0 &&
-         d >= kWgmmaMinHead;
+  return RowSplitAvailable(qelem) && celem == 2 && !WideRowSplitHead(d) && d % 16 == 0 && d >= 80;
 }
 
 // The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read

@@ -308,6 +308,32 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
          ((bits & 4u) ? 0x00FF0000u : 0u) | ((bits & 8u) ? 0xFF000000u : 0u);
 }
 
+// Query staging of the row split (32 or 64 rows): units i = tid, tid + kThreads,
+// ... < kN of the rows, stored as store(i, load(i)), with the loads of up to
+// kBatch units issued before their stores, so that they share one trip to memory.
+// (A run-time loop took one trip per unit or two: the per-CTA trace had 9.1 us
+// from entry to the first stage at q_len 16 against 4.9 for the decode step's 16
+// rows, 256 x 32 x 8 x 1024 on the H200; BENCHMARKS.md, twenty-seventh session.)
+template <int kN, int kBatch, typename Load, typename Store>
+__device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& store) {
+  constexpr int kPerThread = (kN + kThreads - 1) / kThreads;
+  using U = decltype(load(0));
+#pragma unroll
+  for (int b = 0; b < kPerThread; b += kBatch) {
+    U v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (b + j) * kThreads;
+      if (b + j < kPerThread && i < kN) v[j] = load(i);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (b + j) * kThreads;
+      if (b + j < kPerThread && i < kN) store(i, v[j]);
+    }
+  }
+}
+
 #ifdef JAX_PAGED_TRACE
 // Development builds only: per-CTA timeline for finding where a call's time
 // goes (scripts/trace_case.py). Row of CTA (x, y, z) = x + gridDim.x * (y +
@@ -334,6 +360,15 @@ __device__ __forceinline__ unsigned SmId() {
 constexpr bool kPlainAllValid = true;
 #else
 constexpr bool kPlainAllValid = false;
+#endif
+// The row split's query staging and output loop unrolled (StageUnitsBatched, the
+// epilogue's kOutSteps; twenty-seventh session: q_len 16 at 256 x 32 x 8 x 1024 on
+// the H200 bf16 341.4 -> 330.2 us, fp8 e4m3 444.8 -> 393.6, cross-run; its output
+// checked against the float32 ground truth there, the GPU test suite not yet run).
+#ifdef JAX_PAGED_ROW_SPLIT_BATCHED_IO
+constexpr bool kRowSplitBatchedIo = true;
+#else
+constexpr bool kRowSplitBatchedIo = false;
 #endif
 
 // ---- the kernel -----------------------------------------------------------------
@@ -607,20 +642,41 @@ __global__ void __launch_bounds__(
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
     float amax = 0.0f;
-    for (int i = tid; i < C::kRows * kPairs; i += kThreads) {
-      const int r = i / kPairs;
-      const int lp = i - r * kPairs;
-      const int j = lp & 7;
-      const int src_pair = (lp & ~7) + 2 * (j & 3) + (j >> 2);
-      uint32_t v = 0u;
-      if (r < rows)
-        v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
-                                               2 * src_pair);
-      if constexpr (kBf16) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    if constexpr (kRowSplit && kRowSplitBatchedIo) {
+      StageUnitsBatched<C::kRows * kPairs, 8>(
+          tid,
+          [&](int i) -> uint32_t {  // logical pair i (below), zero past `rows`
+            const int r = i / kPairs;
+            const int j = (i - r * kPairs) & 7;
+            const int src_pair = ((i - r * kPairs) & ~7) + 2 * (j & 3) + (j >> 2);
+            return r < rows ? *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) +
+                                                                 hrow_of(r) * D + 2 * src_pair)
+                            : 0u;
+          },
+          [&](int i, uint32_t v) {
+            if constexpr (kBf16) {
+              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+              amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+            }
+            const int r = i / kPairs;
+            q_pairs[(r * C::kQStride) / 2 + (i - r * kPairs)] = v;
+          });
+    } else {
+      for (int i = tid; i < C::kRows * kPairs; i += kThreads) {
+        const int r = i / kPairs;
+        const int lp = i - r * kPairs;
+        const int j = lp & 7;
+        const int src_pair = (lp & ~7) + 2 * (j & 3) + (j >> 2);
+        uint32_t v = 0u;
+        if (r < rows)
+          v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
+                                                 2 * src_pair);
+        if constexpr (kBf16) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+        q_pairs[(r * C::kQStride) / 2 + lp] = v;
       }
-      q_pairs[(r * C::kQStride) / 2 + lp] = v;
     }
     if constexpr (kBf16) {
       // bf16 -> f16 with a power-of-two scale that puts the CTA's largest
@@ -648,14 +704,28 @@ __global__ void __launch_bounds__(
     }
   } else {
     constexpr int kChunks = D / C::kQX;
-    for (int i = tid; i < C::kRows * kChunks; i += kThreads) {
-      const int r = i / kChunks;
-      const int c = i - r * kChunks;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (r < rows)
-        v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
-                                            c * C::kQX);
-      *reinterpret_cast<uint4*>(q_s + r * C::kQStride + c * C::kQX) = v;
+    if constexpr (kRowSplit && kRowSplitBatchedIo) {
+      StageUnitsBatched<C::kRows * kChunks, 16>(
+          tid,
+          [&](int i) -> uint4 {  // chunk i, zero past `rows`
+            const int r = i / kChunks;
+            const T* src = static_cast<const T*>(p.query) + hrow_of(r) * D + (i - r * kChunks) * C::kQX;
+            return r < rows ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+          },
+          [&](int i, const uint4& v) {
+            const int r = i / kChunks;
+            *reinterpret_cast<uint4*>(q_s + r * C::kQStride + (i - r * kChunks) * C::kQX) = v;
+          });
+    } else {
+      for (int i = tid; i < C::kRows * kChunks; i += kThreads) {
+        const int r = i / kChunks;
+        const int c = i - r * kChunks;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < rows)
+          v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
+                                              c * C::kQX);
+        *reinterpret_cast<uint4*>(q_s + r * C::kQStride + c * C::kQX) = v;
+      }
     }
   }
   if (warp == 0 && lane < C::kMaxTilePages) {
@@ -1577,7 +1647,9 @@ __global__ void __launch_bounds__(
   // Each row's max, softmax sum and output factor over the slices, once per
   // row (not once per output element below), in the query's buffer (no
   // longer read; GroupedConfig::kRowStatsOff).
-  float* row_s = reinterpret_cast<float*>(smem + C::kRowStatsOff);  // [kRows][4]: max, sum, factor, -
+  // With kRowSplitBatchedIo the row split also keeps there the single-partition
+  // weight w (below), so that its unrolled output loop divides nothing per element.
+  float* row_s = reinterpret_cast<float*>(smem + C::kRowStatsOff);  // [kRows][4]: max, sum, factor, w
   if (tid < rows) {
     const float m_all = row_max(tid);
     float l_all = 0.0f;
@@ -1587,43 +1659,64 @@ __global__ void __launch_bounds__(
     row_s[4 * tid] = m_all;
     row_s[4 * tid + 1] = l_all;
     row_s[4 * tid + 2] = v_scale / (l_all + 1e-6f);
+    if constexpr (kRowSplit && kRowSplitBatchedIo) row_s[4 * tid + 3] = l_all / (l_all + 1e-6f);
   }
   __syncthreads();
   // Four consecutive dims per thread (D % 8 == 0): one 16-byte workspace store.
   constexpr int kQuads = D / 4;
-  for (int i = tid; i < rows * kQuads; i += kThreads) {
-    const int r = i / kQuads;
-    const int d = (i - r * kQuads) * 4;
-    const float m_all = row_s[4 * r];
-    const float l_all = row_s[4 * r + 1];
-    const float factor = row_s[4 * r + 2];
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int sl = 0; sl < C::kMergeSlices; ++sl) {
-      const float4 v = *reinterpret_cast<const float4*>(obuf + (sl * C::kRows + r) * kOS + d);
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
-    const float4 val = make_float4(acc.x * factor, acc.y * factor, acc.z * factor, acc.w * factor);
-    const int64_t hrow = hrow_of(r);
-    // m_all is in log2 units (the logits were scaled by log2(e)).
-    const float m_nat = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;
-    if (direct_out) {
-      // V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6).
-      const float w = l_all / (l_all + 1e-6f);
-      T* out = static_cast<T*>(p.out) + hrow * D + d;
-      StoreFour(out, make_float4(val.x * w, val.y * w, val.z * w, val.w * w));
-      if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);
-    } else {
-      *reinterpret_cast<float4*>(p.tmp_out + (hrow * P + part) * D + d) = val;
-      if (d == 0) {
-        p.max_logits[hrow * P + part] = m_nat;
-        p.exp_sums[hrow * P + part] = l_all;
-      }
-    }
+  // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3), w: the single-partition
+  // weight. A macro, not a lambda, so that the default kernels' machine code stays
+  // that of the tested build (a lambda or an unrolled form of the one loop changed
+  // the scheduling of some kernels; twenty-seventh session).
+#define JAX_PAGED_WRITE_QUAD(i, W_EXPR)                                                   \
+  {                                                                                       \
+    const int r = (i) / kQuads;                                                           \
+    const int d = ((i) - r * kQuads) * 4;                                                 \
+    const float m_all = row_s[4 * r];                                                     \
+    const float l_all = row_s[4 * r + 1];                                                 \
+    const float factor = row_s[4 * r + 2];                                                \
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);                                     \
+    _Pragma("unroll") for (int sl = 0; sl < C::kMergeSlices; ++sl) {                      \
+      const float4 v = *reinterpret_cast<const float4*>(obuf + (sl * C::kRows + r) * kOS + d); \
+      acc.x += v.x;                                                                       \
+      acc.y += v.y;                                                                       \
+      acc.z += v.z;                                                                       \
+      acc.w += v.w;                                                                       \
+    }                                                                                     \
+    const float4 val = make_float4(acc.x * factor, acc.y * factor, acc.z * factor, acc.w * factor); \
+    const int64_t hrow = hrow_of(r);                                                      \
+    /* m_all is in log2 units (the logits were scaled by log2(e)). */                     \
+    const float m_nat = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;                      \
+    if (direct_out) {                                                                     \
+      /* V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6). */           \
+      const float w = (W_EXPR);                                                           \
+      T* out = static_cast<T*>(p.out) + hrow * D + d;                                     \
+      StoreFour(out, make_float4(val.x * w, val.y * w, val.z * w, val.w * w));            \
+      if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);              \
+    } else {                                                                              \
+      *reinterpret_cast<float4*>(p.tmp_out + (hrow * P + part) * D + d) = val;            \
+      if (d == 0) {                                                                       \
+        p.max_logits[hrow * P + part] = m_nat;                                            \
+        p.exp_sums[hrow * P + part] = l_all;                                              \
+      }                                                                                   \
+    }                                                                                     \
   }
+  if constexpr (kRowSplit && kRowSplitBatchedIo) {
+    // The row split's 32 or 64 rows: 8-16 quads per thread at head 128, unrolled so
+    // that their shared-memory loads, row divisions and stores overlap, the weight
+    // read from row_s. (The run-time loop makes them one dependent chain per quad:
+    // 3.8 us from loop end to exit at q_len 16, 256 x 32 x 8 x 1024 on the H200,
+    // against 0.7 for the decode step's 16 rows; per-CTA trace, BENCHMARKS.md,
+    // twenty-seventh session.)
+#pragma unroll
+    for (int step = 0; step < (C::kRows * kQuads + kThreads - 1) / kThreads; ++step) {
+      const int i = tid + step * kThreads;
+      if (i < rows * kQuads) JAX_PAGED_WRITE_QUAD(i, row_s[4 * r + 3])
+    }
+  } else {
+    for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i, l_all / (l_all + 1e-6f))
+  }
+#undef JAX_PAGED_WRITE_QUAD
 #ifdef JAX_PAGED_TRACE
   __syncthreads();  // every output of the CTA written
   const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *

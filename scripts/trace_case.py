@@ -80,8 +80,8 @@ def main() -> int:
     fn = jax.jit(lambda *a: jp.paged_attention(*a, impl="grouped", **kwargs))
     for _ in range(2):
         jax.block_until_ready(fn(*case))
-    print(f"config {args.config} {args.kv} q_len {args.q_len}: K+V of the valid tokens {kv_bytes / 1e6:.1f} MB; "
-          f"per call, over CTAs, percentiles 0 / 50 / 90 / 100 in us")
+    print(f"config {args.config} {args.kv} q_len {args.q_len}: K+V of the valid tokens "
+          f"{kv_bytes / 1e6:.1f} MB; per call, over CTAs, percentiles 0 / 50 / 90 / 100 in us")
     for i in range(args.calls):
         rows = trace_once(fn, case, args.capacity).astype(np.int64)
         if len(rows) == 0:

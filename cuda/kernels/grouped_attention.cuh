@@ -308,12 +308,10 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
          ((bits & 4u) ? 0x00FF0000u : 0u) | ((bits & 8u) ? 0xFF000000u : 0u);
 }
 
-// Query staging of the row split (32 or 64 rows): units i = tid, tid + kThreads,
-// ... < kN of the rows, stored as store(i, load(i)), with the loads of up to
-// kBatch units issued before their stores, so that they share one trip to memory.
-// (A run-time loop took one trip per unit or two: the per-CTA trace had 9.1 us
-// from entry to the first stage at q_len 16 against 4.9 for the decode step's 16
-// rows, 256 x 32 x 8 x 1024 on the H200; BENCHMARKS.md, twenty-seventh session.)
+// Query staging of the row split (32 or 64 rows; kRowSplitBatchedIo): units i =
+// tid, tid + kThreads, ... < kN of the rows, stored as store(i, load(i)), with the
+// loads of up to kBatch units issued before their stores, so that they share one
+// trip to memory instead of a run-time loop's one or two per unit.
 template <int kN, int kBatch, typename Load, typename Store>
 __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& store) {
   constexpr int kPerThread = (kN + kThreads - 1) / kThreads;
@@ -323,13 +321,13 @@ __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& 
     U v[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const int i = tid + (b + j) * kThreads;
-      if (b + j < kPerThread && i < kN) v[j] = load(i);
+      const int i = tid + (b + j) * kThreads;  // (>= kN past the thread's last unit)
+      if (i < kN) v[j] = load(i);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int i = tid + (b + j) * kThreads;
-      if (b + j < kPerThread && i < kN) store(i, v[j]);
+      if (i < kN) store(i, v[j]);
     }
   }
 }
@@ -362,9 +360,12 @@ constexpr bool kPlainAllValid = true;
 constexpr bool kPlainAllValid = false;
 #endif
 // The row split's query staging and output loop unrolled (StageUnitsBatched, the
-// epilogue's kOutSteps; twenty-seventh session: q_len 16 at 256 x 32 x 8 x 1024 on
-// the H200 bf16 341.4 -> 330.2 us, fp8 e4m3 444.8 -> 393.6, cross-run; its output
-// checked against the float32 ground truth there, the GPU test suite not yet run).
+// epilogue's unrolled JAX_PAGED_WRITE_QUAD). Twenty-seventh session: the per-CTA
+// trace had 9.1 us from entry to the first stage and 3.8 from loop end to exit at
+// q_len 16, 256 x 32 x 8 x 1024 on the H200, against 4.9 and 0.7 for the decode
+// step; with both unrolled q_len 16 took bf16 341.4 -> 330.2 us, fp8 e4m3 444.8 ->
+// 393.6 (cross-run; output checked against the float32 ground truth there, the GPU
+// test suite not yet run).
 #ifdef JAX_PAGED_ROW_SPLIT_BATCHED_IO
 constexpr bool kRowSplitBatchedIo = true;
 #else
@@ -647,8 +648,8 @@ __global__ void __launch_bounds__(
           tid,
           [&](int i) -> uint32_t {  // logical pair i (below), zero past `rows`
             const int r = i / kPairs;
-            const int j = (i - r * kPairs) & 7;
-            const int src_pair = ((i - r * kPairs) & ~7) + 2 * (j & 3) + (j >> 2);
+            const int lp = i - r * kPairs;
+            const int src_pair = (lp & ~7) + 2 * (lp & 3) + ((lp & 7) >> 2);
             return r < rows ? *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) +
                                                                  hrow_of(r) * D + 2 * src_pair)
                             : 0u;
@@ -709,8 +710,9 @@ __global__ void __launch_bounds__(
           tid,
           [&](int i) -> uint4 {  // chunk i, zero past `rows`
             const int r = i / kChunks;
-            const T* src = static_cast<const T*>(p.query) + hrow_of(r) * D + (i - r * kChunks) * C::kQX;
-            return r < rows ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+            if (r >= rows) return make_uint4(0u, 0u, 0u, 0u);
+            return *reinterpret_cast<const uint4*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
+                                                   (i - r * kChunks) * C::kQX);
           },
           [&](int i, const uint4& v) {
             const int r = i / kChunks;
@@ -1664,11 +1666,10 @@ __global__ void __launch_bounds__(
   __syncthreads();
   // Four consecutive dims per thread (D % 8 == 0): one 16-byte workspace store.
   constexpr int kQuads = D / 4;
-  // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3), w: the single-partition
-  // weight. A macro, not a lambda, so that the default kernels' machine code stays
+  // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3). A macro, not a lambda, so that the default kernels' machine code stays
   // that of the tested build (a lambda or an unrolled form of the one loop changed
   // the scheduling of some kernels; twenty-seventh session).
-#define JAX_PAGED_WRITE_QUAD(i, W_EXPR)                                                   \
+#define JAX_PAGED_WRITE_QUAD(i)                                                           \
   {                                                                                       \
     const int r = (i) / kQuads;                                                           \
     const int d = ((i) - r * kQuads) * 4;                                                 \
@@ -1689,7 +1690,8 @@ __global__ void __launch_bounds__(
     const float m_nat = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;                      \
     if (direct_out) {                                                                     \
       /* V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6). */           \
-      const float w = (W_EXPR);                                                           \
+      const float w = kRowSplit && kRowSplitBatchedIo ? row_s[4 * r + 3]                 \
+                                                      : l_all / (l_all + 1e-6f);         \
       T* out = static_cast<T*>(p.out) + hrow * D + d;                                     \
       StoreFour(out, make_float4(val.x * w, val.y * w, val.z * w, val.w * w));            \
       if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);              \
@@ -1701,20 +1703,19 @@ __global__ void __launch_bounds__(
       }                                                                                   \
     }                                                                                     \
   }
-  if constexpr (kRowSplit && kRowSplitBatchedIo) {
+  if constexpr (kRowSplit && kRowSplitBatchedIo && C::kCtasPerSm <= 2) {
     // The row split's 32 or 64 rows: 8-16 quads per thread at head 128, unrolled so
-    // that their shared-memory loads, row divisions and stores overlap, the weight
-    // read from row_s. (The run-time loop makes them one dependent chain per quad:
-    // 3.8 us from loop end to exit at q_len 16, 256 x 32 x 8 x 1024 on the H200,
-    // against 0.7 for the decode step's 16 rows; per-CTA trace, BENCHMARKS.md,
-    // twenty-seventh session.)
+    // that their shared-memory loads, row divisions and stores overlap (the run-time
+    // loop below makes them one dependent chain per quad), the weight read from row_s.
+    // Not at four CTAs per SM: at their 128 registers the unrolled loop spilled
+    // (fp8 row split, head 64: 20 bytes in four kernels; twenty-seventh session).
 #pragma unroll
     for (int step = 0; step < (C::kRows * kQuads + kThreads - 1) / kThreads; ++step) {
       const int i = tid + step * kThreads;
-      if (i < rows * kQuads) JAX_PAGED_WRITE_QUAD(i, row_s[4 * r + 3])
+      if (i < rows * kQuads) JAX_PAGED_WRITE_QUAD(i)
     }
   } else {
-    for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i, l_all / (l_all + 1e-6f))
+    for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i)
   }
 #undef JAX_PAGED_WRITE_QUAD
 #ifdef JAX_PAGED_TRACE

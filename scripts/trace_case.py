@@ -36,7 +36,9 @@ from jax_paged import _native  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_case import FP8, build_case, fp8_case  # noqa: E402
 
-WORDS = 8  # per CTA: entry, first stage, loop end, exit (ns), SM, tiles, cycles to loop end, cycles after
+# Per CTA: entry, first stage, loop end (thread 0), exit (ns), SM, tiles, cycles to
+# loop end, cycles after, every warp's loop done, merge buffer written (ns).
+WORDS = 10
 
 
 def pct(values: np.ndarray, qs=(0, 50, 90, 100)) -> str:
@@ -87,7 +89,8 @@ def main() -> int:
         if len(rows) == 0:
             print("no CTA wrote a trace row (command buffers on? impl not grouped?)")
             return 1
-        entry, first, loop_end, exit_, sm, tiles, cyc_loop, cyc_epi = (rows[:, j] for j in range(8))
+        (entry, first, loop_end, exit_, sm, tiles, cyc_loop, cyc_epi, all_loops,
+         merged) = (rows[:, j] for j in range(WORDS))
         t0, t_end = entry.min(), exit_.max()
         span = (t_end - t0) / 1e3
         print(f"call {i}: {len(rows)} CTAs on {len(np.unique(sm))} SMs, span {span:.2f} us "
@@ -96,6 +99,10 @@ def main() -> int:
         print(f"  entry -> first stage      {pct(first - entry)}")
         print(f"  first stage -> loop end   {pct(loop_end - first)}")
         print(f"  loop end -> exit          {pct(exit_ - loop_end)}")
+        # The end of the CTA, split at the merge's two barriers.
+        print(f"    waiting for other warps {pct(all_loops - loop_end)}")
+        print(f"    merge buffer, row stats {pct(merged - all_loops)}")
+        print(f"    output stores           {pct(exit_ - merged)}")
         print(f"  exit before last exit     {pct(t_end - exit_)}")
         # The SM clock, calibrated on the long entry -> loop end phase.
         ns_per_cycle = float(np.median((loop_end - entry) / np.maximum(cyc_loop, 1)))

@@ -308,7 +308,7 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
          ((bits & 4u) ? 0x00FF0000u : 0u) | ((bits & 8u) ? 0xFF000000u : 0u);
 }
 
-// Query staging of the row split (32 or 64 rows; kRowSplitBatchedIo): units i =
+// Query staging of the row split (32 or 64 rows): units i =
 // tid, tid + kThreads, ... < kN of the rows, stored as store(i, load(i)), with the
 // loads of up to kBatch units issued before their stores, so that they share one
 // trip to memory instead of a run-time loop's one or two per unit.
@@ -336,9 +336,12 @@ __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& 
 // Development builds only: per-CTA timeline for finding where a call's time
 // goes (scripts/trace_case.py). Row of CTA (x, y, z) = x + gridDim.x * (y +
 // gridDim.y * z): [entry, first stage arrived, last tile done, exit] in ns
-// of %globaltimer, then SM id, tiles, and SM clock cycles from entry to the
-// last tile done and from there to the exit.
-constexpr int kTraceWords = 8;
+// of %globaltimer, then SM id, tiles, SM clock cycles from entry to the last
+// tile done and from there to the exit, then (ns) every warp's tiles done
+// (the merge's first barrier passed) and the merge buffer written (its
+// second barrier passed): they split "last tile done -> exit" into waiting for
+// the other warps, the merge and the output stores.
+constexpr int kTraceWords = 10;
 __device__ __forceinline__ unsigned long long GlobalTimerNs() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -358,18 +361,6 @@ __device__ __forceinline__ unsigned SmId() {
 constexpr bool kPlainAllValid = true;
 #else
 constexpr bool kPlainAllValid = false;
-#endif
-// The row split's query staging and output loop unrolled (StageUnitsBatched, the
-// epilogue's unrolled JAX_PAGED_WRITE_QUAD). Twenty-seventh session: the per-CTA
-// trace had 9.1 us from entry to the first stage and 3.8 from loop end to exit at
-// q_len 16, 256 x 32 x 8 x 1024 on the H200, against 4.9 and 0.7 for the decode
-// step; with both unrolled q_len 16 took bf16 341.4 -> 330.2 us, fp8 e4m3 444.8 ->
-// 393.6 (cross-run; output checked against the float32 ground truth there, the GPU
-// test suite not yet run).
-#ifdef JAX_PAGED_ROW_SPLIT_BATCHED_IO
-constexpr bool kRowSplitBatchedIo = true;
-#else
-constexpr bool kRowSplitBatchedIo = false;
 #endif
 
 // ---- the kernel -----------------------------------------------------------------
@@ -444,7 +435,7 @@ __global__ void __launch_bounds__(
 #ifdef JAX_PAGED_TRACE
   const unsigned long long t_entry = GlobalTimerNs();
   const long long c_entry = clock64();
-  unsigned long long t_first = 0, t_loop_end = 0;
+  unsigned long long t_first = 0, t_loop_end = 0, t_all_loops = 0, t_merged = 0;
   long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
@@ -643,7 +634,7 @@ __global__ void __launch_bounds__(
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
     float amax = 0.0f;
-    if constexpr (kRowSplit && kRowSplitBatchedIo) {
+    if constexpr (kRowSplit) {
       StageUnitsBatched<C::kRows * kPairs, 8>(
           tid,
           [&](int i) -> uint32_t {  // logical pair i (below), zero past `rows`
@@ -705,7 +696,7 @@ __global__ void __launch_bounds__(
     }
   } else {
     constexpr int kChunks = D / C::kQX;
-    if constexpr (kRowSplit && kRowSplitBatchedIo) {
+    if constexpr (kRowSplit) {
       StageUnitsBatched<C::kRows * kChunks, 16>(
           tid,
           [&](int i) -> uint4 {  // chunk i, zero past `rows`
@@ -1625,6 +1616,9 @@ __global__ void __launch_bounds__(
     }
   }
   __syncthreads();  // (the stages are free: every copy was consumed)
+#ifdef JAX_PAGED_TRACE
+  t_all_loops = GlobalTimerNs();
+#endif
   constexpr int kOS = C::kObufStride;  // padded rows (see GroupedConfig)
   float* obuf = reinterpret_cast<float*>(smem);  // [kMergeSlices][kRows][kOS]
   // Row r's max over the slices (log2 units).
@@ -1649,8 +1643,8 @@ __global__ void __launch_bounds__(
   // Each row's max, softmax sum and output factor over the slices, once per
   // row (not once per output element below), in the query's buffer (no
   // longer read; GroupedConfig::kRowStatsOff).
-  // With kRowSplitBatchedIo the row split also keeps there the single-partition
-  // weight w (below), so that its unrolled output loop divides nothing per element.
+  // The row split also keeps there the single-partition weight w (below), so that
+  // its unrolled output loop divides nothing per element.
   float* row_s = reinterpret_cast<float*>(smem + C::kRowStatsOff);  // [kRows][4]: max, sum, factor, w
   if (tid < rows) {
     const float m_all = row_max(tid);
@@ -1661,14 +1655,17 @@ __global__ void __launch_bounds__(
     row_s[4 * tid] = m_all;
     row_s[4 * tid + 1] = l_all;
     row_s[4 * tid + 2] = v_scale / (l_all + 1e-6f);
-    if constexpr (kRowSplit && kRowSplitBatchedIo) row_s[4 * tid + 3] = l_all / (l_all + 1e-6f);
+    if constexpr (kRowSplit) row_s[4 * tid + 3] = l_all / (l_all + 1e-6f);
   }
   __syncthreads();
+#ifdef JAX_PAGED_TRACE
+  t_merged = GlobalTimerNs();
+#endif
   // Four consecutive dims per thread (D % 8 == 0): one 16-byte workspace store.
   constexpr int kQuads = D / 4;
-  // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3). A macro, not a lambda, so that the default kernels' machine code stays
-  // that of the tested build (a lambda or an unrolled form of the one loop changed
-  // the scheduling of some kernels; twenty-seventh session).
+  // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3). A macro, not a lambda:
+  // a lambda changed the scheduling of some kernels (twenty-seventh session), and
+  // this is the form the GPU suite ran (twenty-eighth session).
 #define JAX_PAGED_WRITE_QUAD(i)                                                           \
   {                                                                                       \
     const int r = (i) / kQuads;                                                           \
@@ -1690,8 +1687,7 @@ __global__ void __launch_bounds__(
     const float m_nat = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;                      \
     if (direct_out) {                                                                     \
       /* V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6). */           \
-      const float w = kRowSplit && kRowSplitBatchedIo ? row_s[4 * r + 3]                 \
-                                                      : l_all / (l_all + 1e-6f);         \
+      const float w = kRowSplit ? row_s[4 * r + 3] : l_all / (l_all + 1e-6f);           \
       T* out = static_cast<T*>(p.out) + hrow * D + d;                                     \
       StoreFour(out, make_float4(val.x * w, val.y * w, val.z * w, val.w * w));            \
       if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);              \
@@ -1703,7 +1699,7 @@ __global__ void __launch_bounds__(
       }                                                                                   \
     }                                                                                     \
   }
-  if constexpr (kRowSplit && kRowSplitBatchedIo && C::kCtasPerSm <= 2) {
+  if constexpr (kRowSplit && C::kCtasPerSm <= 2) {
     // The row split's 32 or 64 rows: 8-16 quads per thread at head 128, unrolled so
     // that their shared-memory loads, row divisions and stores overlap (the run-time
     // loop below makes them one dependent chain per quad), the weight read from row_s.
@@ -1734,6 +1730,8 @@ __global__ void __launch_bounds__(
     // loop end, loop end -> exit.
     row[6] = static_cast<unsigned long long>(c_loop_end - c_entry);
     row[7] = static_cast<unsigned long long>(clock64() - c_loop_end);
+    row[8] = t_all_loops;
+    row[9] = t_merged;
   }
 #endif
 #endif  // JAX_PAGED_GROUPED_SM90

@@ -311,7 +311,10 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
 // Query staging of the row split (32 or 64 rows): units i =
 // tid, tid + kThreads, ... < kN of the rows, stored as store(i, load(i)), with the
 // loads of up to kBatch units issued before their stores, so that they share one
-// trip to memory instead of a run-time loop's one or two per unit.
+// trip to memory instead of a run-time loop's one or two per unit. (The decode
+// kernels keep their run-time loops: routing them through this helper with the
+// same lambdas changed the machine code of 166 decode kernels, which the GPU suite
+// and benchmarks have not run; twenty-eighth session.)
 template <int kN, int kBatch, typename Load, typename Store>
 __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& store) {
   constexpr int kPerThread = (kN + kThreads - 1) / kThreads;

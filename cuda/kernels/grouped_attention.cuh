@@ -335,13 +335,6 @@ __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& 
   }
 }
 
-// One output quad of the epilogue between its loads and its stores: the slices'
-// partial outputs summed, and its row's (max, sum, factor, weight).
-struct OutQuad {
-  float4 acc;
-  float4 stats;
-};
-
 #ifdef JAX_PAGED_TRACE
 // Development builds only: per-CTA timeline for finding where a call's time
 // goes (scripts/trace_case.py). Row of CTA (x, y, z) = x + gridDim.x * (y +
@@ -1673,19 +1666,17 @@ __global__ void __launch_bounds__(
 #endif
   // Four consecutive dims per thread (D % 8 == 0): one 16-byte workspace store.
   constexpr int kQuads = D / 4;
-  // The row split at one or two CTAs per SM batches its output loop (below).
-  constexpr bool kBatchedOut = kRowSplit && C::kCtasPerSm <= 2;
-  // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3): its shared-memory
-  // loads (the slices' partial outputs summed into `acc`, the row's max, sum,
-  // factor and weight into `stats`), then its stores, so that the row split can
-  // issue several quads' loads before their stores (below). Macros, not lambdas:
-  // a lambda changed the scheduling of some kernels (twenty-seventh session).
-#define JAX_PAGED_LOAD_QUAD(i, acc, stats)                                                \
+  // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3). A macro, not a lambda:
+  // a lambda changed the scheduling of some kernels (twenty-seventh session), and
+  // this is the form the GPU suite ran (twenty-eighth session).
+#define JAX_PAGED_WRITE_QUAD(i)                                                           \
   {                                                                                       \
     const int r = (i) / kQuads;                                                           \
     const int d = ((i) - r * kQuads) * 4;                                                 \
-    stats = *reinterpret_cast<const float4*>(row_s + 4 * r);                              \
-    acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);                                            \
+    const float m_all = row_s[4 * r];                                                     \
+    const float l_all = row_s[4 * r + 1];                                                 \
+    const float factor = row_s[4 * r + 2];                                                \
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);                                     \
     _Pragma("unroll") for (int sl = 0; sl < C::kMergeSlices; ++sl) {                      \
       const float4 v = *reinterpret_cast<const float4*>(obuf + (sl * C::kRows + r) * kOS + d); \
       acc.x += v.x;                                                                       \
@@ -1693,64 +1684,43 @@ __global__ void __launch_bounds__(
       acc.z += v.z;                                                                       \
       acc.w += v.w;                                                                       \
     }                                                                                     \
-  }
-#define JAX_PAGED_STORE_QUAD(i, acc, stats)                                               \
-  {                                                                                       \
-    const int r = (i) / kQuads;                                                           \
-    const int d = ((i) - r * kQuads) * 4;                                                 \
-    const float m_all = stats.x;                                                          \
-    const float l_all = stats.y;                                                          \
-    const float factor = stats.z;                                                         \
     const float4 val = make_float4(acc.x * factor, acc.y * factor, acc.z * factor, acc.w * factor); \
     const int64_t hrow = hrow_of(r);                                                      \
     /* m_all is in log2 units (the logits were scaled by log2(e)). */                     \
     const float m_nat = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;                      \
     if (direct_out) {                                                                     \
       /* V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6). */           \
-      const float w = kRowSplit ? stats.w : l_all / (l_all + 1e-6f);                      \
+      const float w = kRowSplit ? row_s[4 * r + 3] : l_all / (l_all + 1e-6f);           \
       T* out = static_cast<T*>(p.out) + hrow * D + d;                                     \
       StoreFour(out, make_float4(val.x * w, val.y * w, val.z * w, val.w * w));            \
       if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);              \
     } else {                                                                              \
-      float4* tmp = reinterpret_cast<float4*>(p.tmp_out + (hrow * P + part) * D + d);     \
-      /* (The assignment compiles to four 4-byte stores; __stcg to one, but at four */   \
-      /* CTAs per SM its register quad made the fp8 row split spill 20 bytes.) */        \
-      if constexpr (kBatchedOut) __stcg(tmp, val); else *tmp = val;                       \
+      *reinterpret_cast<float4*>(p.tmp_out + (hrow * P + part) * D + d) = val;            \
       if (d == 0) {                                                                       \
         p.max_logits[hrow * P + part] = m_nat;                                            \
         p.exp_sums[hrow * P + part] = l_all;                                              \
       }                                                                                   \
     }                                                                                     \
   }
-  if constexpr (kBatchedOut) {
-    // The row split's 32 or 64 rows: 8-16 quads per thread at head 128, the loads of
-    // 8 quads issued before their stores. A quad's loads, row division and stores as
-    // one dependent chain cost ~400 cycles (the other CTA on the SM keeps shared
-    // memory busy): 3.5 of a CTA's ~23 us at 512 x 32 x 8 x 512, q_len 16, and an
-    // unrolled loop did not overlap them, its bounds check branching around each
-    // quad's loads (trace, twenty-ninth session). Quads past `rows` load stale
-    // shared memory (inside the buffers) and store nothing.
-    // Not at four CTAs per SM: at their 128 registers an unrolled output loop
-    // spilled (fp8 row split, head 64: 20 bytes in four kernels; twenty-seventh session).
-    StageUnitsBatched<C::kRows * kQuads, 8>(
-        tid,
-        [&](int i) {
-          float4 acc[2];  // the slices' sum, the row's statistics
-          JAX_PAGED_LOAD_QUAD(i, acc[0], acc[1])
-          return OutQuad{acc[0], acc[1]};
-        },
-        [&](int i, const OutQuad& q) {
-          if (i < rows * kQuads) JAX_PAGED_STORE_QUAD(i, q.acc, q.stats)
-        });
-  } else {
-    for (int i = tid; i < rows * kQuads; i += kThreads) {
-      float4 acc, stats;
-      JAX_PAGED_LOAD_QUAD(i, acc, stats)
-      JAX_PAGED_STORE_QUAD(i, acc, stats)
+  if constexpr (kRowSplit && C::kCtasPerSm <= 2) {
+    // The row split's 32 or 64 rows: 8-16 quads per thread at head 128, unrolled so
+    // that their shared-memory loads, row divisions and stores overlap (the run-time
+    // loop below makes them one dependent chain per quad), the weight read from row_s.
+    // Not at four CTAs per SM: at their 128 registers the unrolled loop spilled
+    // (fp8 row split, head 64: 20 bytes in four kernels; twenty-seventh session).
+    // (Each quad's bounds check branches around its loads here. Issuing 8 quads'
+    // loads back to back before their stores measured no faster on the H200, so the
+    // ~3.5 us this loop takes per CTA at q_len 16 is not a chain of load latencies;
+    // twenty-ninth session, BENCHMARKS.md.)
+#pragma unroll
+    for (int step = 0; step < (C::kRows * kQuads + kThreads - 1) / kThreads; ++step) {
+      const int i = tid + step * kThreads;
+      if (i < rows * kQuads) JAX_PAGED_WRITE_QUAD(i)
     }
+  } else {
+    for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i)
   }
-#undef JAX_PAGED_LOAD_QUAD
-#undef JAX_PAGED_STORE_QUAD
+#undef JAX_PAGED_WRITE_QUAD
 #ifdef JAX_PAGED_TRACE
   __syncthreads();  // every output of the CTA written
   const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *

@@ -151,16 +151,6 @@ __device__ __forceinline__ void TensorCopy2dG2S(uint32_t dst, const CUtensorMap*
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
-// Shared -> global bulk copy of `bytes` (multiple of 16, both ends 16-byte
-// aligned) in this thread's bulk group, then the wait until the copy has read
-// shared memory (its global writes complete on their own, before the grid ends).
-__device__ __forceinline__ void BulkCopyS2GAndWaitRead(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
 #endif  // JAX_PAGED_GROUPED_SM90
 
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
@@ -1676,25 +1666,6 @@ __global__ void __launch_bounds__(
 #endif
   // Four consecutive dims per thread (D % 8 == 0): one 16-byte workspace store.
   constexpr int kQuads = D / 4;
-  // JAX_PAGED_BULK_OUT (development, twenty-ninth session; not yet run on a GPU):
-  // the row split's direct 16-bit output is written to shared memory ([rows][D],
-  // after the merge buffer) and leaves by bulk copies, one per query token (the
-  // group's heads are adjacent in `out`), so that the warps do not issue the
-  // CTA's 16 KB of stores (its output loop took ~3.5 us at q_len 16).
-  // (Where the rows fit between the merge buffer and the row statistics: not in
-  // the wide row split, whose merge buffer reaches the statistics.)
-  constexpr int kBulkOutOff = (C::kObufBytes + 127) / 128 * 128;
-#ifdef JAX_PAGED_BULK_OUT
-  constexpr bool kBulkOut = kRowSplit && C::kCtasPerSm <= 2 && sizeof(T) == 2 &&
-                            kBulkOutOff + C::kRows * D * static_cast<int>(sizeof(T)) <=
-                                C::kRowStatsOff;
-#else
-  constexpr bool kBulkOut = false;
-#endif
-  T* const out_rows_s = reinterpret_cast<T*>(smem + kBulkOutOff);  // [kRows][D] (bulk_out)
-  // (Bulk copies need 16-byte aligned ends: XLA's buffers are, checked anyway.)
-  const bool bulk_out =
-      kBulkOut && direct_out && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3). A macro, not a lambda:
   // a lambda changed the scheduling of some kernels (twenty-seventh session), and
   // this is the form the GPU suite ran (twenty-eighth session).
@@ -1720,7 +1691,7 @@ __global__ void __launch_bounds__(
     if (direct_out) {                                                                     \
       /* V2's reduce over one partition: w = s, out = w * tmp / (w + 1e-6). */           \
       const float w = kRowSplit ? row_s[4 * r + 3] : l_all / (l_all + 1e-6f);           \
-      T* out = bulk_out ? out_rows_s + r * D + d : static_cast<T*>(p.out) + hrow * D + d;  \
+      T* out = static_cast<T*>(p.out) + hrow * D + d;                                     \
       StoreFour(out, make_float4(val.x * w, val.y * w, val.z * w, val.w * w));            \
       if (d == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);              \
     } else {                                                                              \
@@ -1750,22 +1721,6 @@ __global__ void __launch_bounds__(
     for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i)
   }
 #undef JAX_PAGED_WRITE_QUAD
-  if constexpr (kBulkOut) {
-    if (bulk_out) {
-      FenceProxyAsyncShared();  // the rows written above, before the bulk copies read them
-      __syncthreads();
-      // Thread t copies query token qi_first + t's rows (rows r0..r1-1 here).
-      const int qi_first = row0 / group;
-      const int qi = qi_first + tid;
-      if (qi <= (row0 + rows - 1) / group) {
-        const int r0 = max(qi * group - row0, 0);
-        const int r1 = min((qi + 1) * group - row0, rows);
-        BulkCopyS2GAndWaitRead(static_cast<T*>(p.out) + hrow_of(r0) * D,
-                               SmemAddr(out_rows_s + r0 * D),
-                               static_cast<uint32_t>((r1 - r0) * D * sizeof(T)));
-      }
-    }
-  }
 #ifdef JAX_PAGED_TRACE
   __syncthreads();  // every output of the CTA written
   const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *

@@ -91,3 +91,39 @@ def test_sanitizer_case_narrowed_to_one_kernel_on_cpu():
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sanitizer_case.py"),
                           "--platform", "cpu", "--impls", "v3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--impls: unknown implementation(s) ['v3']" in bad.stderr
+
+
+def test_ncu_case_profiles_each_config_and_exports_its_pages(tmp_path):
+    """scripts/ncu_case.sh, with a stand-in `ncu` on PATH that logs its arguments: one
+    profile per CONFIGS entry (its profile_case arguments split as words, the clocks left
+    alone, the stall samples among the sections), then its details and source pages."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "ncu_calls.txt"
+    (bindir / "ncu").write_text(
+        "#!/usr/bin/env bash\n"
+        f"echo \"$*\" >> {log}\n"
+        "while [ $# -gt 0 ]; do\n"
+        "  if [ \"$1\" = -o ]; then touch \"$2.ncu-rep\"; fi\n"
+        "  if [ \"$1\" = --page ]; then echo \"page $2\"; fi\n"
+        "  shift\n"
+        "done\n")
+    (bindir / "ncu").chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", OUT=str(out),
+               SKIP_INSTALL="1",
+               CONFIGS="a=--config 1,32,8,1024 --q-len 16;b=--config 2,32,8,512 --kv bf16,fp8e4m3")
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "ncu_case.sh")], env=env,
+                   capture_output=True, text=True, check=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert len(calls) == 6, calls
+    profile_a, details_a, source_a = calls[:3]
+    assert "--clock-control none" in profile_a and "--section SourceCounters" in profile_a
+    assert profile_a.endswith("scripts/profile_case.py --config 1,32,8,1024 --q-len 16")
+    assert f"-o {out}/a " in profile_a
+    assert details_a == f"--import {out}/a.ncu-rep --page details"
+    assert source_a.startswith(f"--import {out}/a.ncu-rep --page source --csv")
+    assert calls[3].endswith("--config 2,32,8,512 --kv bf16,fp8e4m3")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "a.ncu-rep", "b.ncu-rep", "details_a.txt", "details_b.txt", "source_a.csv", "source_b.csv"]
+    assert (out / "source_b.csv").read_text() == "page source\n"

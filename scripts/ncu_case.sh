@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of the grouped kernel, one device call, from the repository root:
+#
+#     bash scripts/ncu_case.sh
+#
+# Installs the default build (skip with SKIP_INSTALL=1), then for each configuration of
+# CONFIGS runs scripts/profile_case.py under ncu (clocks left alone, as
+# /work/.library/device/METHOD.md asks) with the sections that say where a kernel's
+# cycles go: speed of light, pipes, warp states, instruction mix, memory, occupancy,
+# and the per-instruction stall samples (SourceCounters). Each configuration leaves,
+# flat in OUT:
+#   <name>.ncu-rep      the report (opens in the Nsight Compute GUI)
+#   details_<name>.txt  every section as text (ncu --page details)
+#   source_<name>.csv   per SASS instruction: executed counts and stall samples
+#                       (ncu --page source --csv; summarised by scripts/ncu_summary.py)
+#
+# Environment:
+#   OUT            where the files go (the device tool sets it; default ./out/ncu)
+#   CONFIGS        ';'-separated "name=profile_case arguments" entries, default: bf16 and
+#                  fp8 e4m3 caches at q_len 16, group 4, head 128, 512 and 4096 tokens
+#                  (the row split's shortest and longest rows of BENCHMARKS.md)
+#   KERNEL_REGEX   kernels to profile (default GroupedAttentionKernel)
+#   SKIP_INSTALL=1 profile the installed build
+set -u -o pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+PY=${PYTHON:-python3}
+OUTDIR=${OUT:-$PWD/out/ncu}
+mkdir -p "$OUTDIR"
+DEFAULT_CONFIGS="q16_512=--config 512,32,8,512 --impls grouped --kv bf16,fp8e4m3 --q-len 16;\
+q16_4096=--config 64,32,8,4096 --impls grouped --kv bf16,fp8e4m3 --q-len 16"
+CONFIGS=${CONFIGS:-$DEFAULT_CONFIGS}
+REGEX=${KERNEL_REGEX:-GroupedAttentionKernel}
+SECTIONS=(SpeedOfLight ComputeWorkloadAnalysis WarpStateStats InstructionStats SourceCounters
+          Occupancy LaunchStats MemoryWorkloadAnalysis)
+section_args=()
+for s in "${SECTIONS[@]}"; do section_args+=(--section "$s"); done
+
+if [ -z "${SKIP_INSTALL:-}" ]; then
+  echo "=== install"
+  if ! "$PY" -m pip install --no-build-isolation --no-deps -e . > "$OUTDIR/install.log" 2>&1; then
+    tail -n 30 "$OUTDIR/install.log"
+    exit 1
+  fi
+  rm -f "$OUTDIR/install.log"  # (OUT returns at most 8 files)
+fi
+
+FAILED=0
+IFS=';' read -r -a entries <<< "$CONFIGS"
+for entry in "${entries[@]}"; do
+  name=${entry%%=*}
+  args=${entry#*=}
+  echo "=== $name: ncu ... scripts/profile_case.py $args"
+  # shellcheck disable=SC2086  # args: one string of profile_case arguments
+  if ! ncu --clock-control none --kernel-name "regex:$REGEX" "${section_args[@]}" \
+      -o "$OUTDIR/$name" -f "$PY" scripts/profile_case.py $args > "$OUTDIR/ncu_$name.log" 2>&1; then
+    tail -n 30 "$OUTDIR/ncu_$name.log"
+    FAILED=1
+    continue
+  fi
+  rm -f "$OUTDIR/ncu_$name.log"
+  ncu --import "$OUTDIR/$name.ncu-rep" --page details > "$OUTDIR/details_$name.txt" 2>&1 || FAILED=1
+  ncu --import "$OUTDIR/$name.ncu-rep" --page source --csv --print-source sass \
+    > "$OUTDIR/source_$name.csv" 2>&1 || FAILED=1
+  grep -E "GroupedAttentionKernel|^ +Duration|Issue Slots Busy|Compute \(SM\) Throughput|Memory Throughput" \
+    "$OUTDIR/details_$name.txt" | head -n 40
+done
+ls -la "$OUTDIR"
+exit $FAILED

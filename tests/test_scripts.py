@@ -127,3 +127,34 @@ def test_ncu_case_profiles_each_config_and_exports_its_pages(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [
         "a.ncu-rep", "b.ncu-rep", "details_a.txt", "details_b.txt", "source_a.csv", "source_b.csv"]
     assert (out / "source_b.csv").read_text() == "page source\n"
+
+
+def test_ncu_summary_sums_samples_per_opcode_and_reason(tmp_path):
+    """scripts/ncu_summary.py over a two-kernel source page: samples and executed
+    instructions per opcode (predicates and modifiers stripped), the per-reason stall
+    columns' totals, one summary per table with the line before it as its title."""
+    head = ('"Address","Source","Warp Stall Sampling (All Samples)",'
+            '"Instructions Executed","stall_long_sb","stall_barrier"\n')
+    page = ('"Kernel A"\n' + head +
+            '"0x10","HMMA.16816.F32 R0, R4, R8, R0","30","1,000","0","0"\n'
+            '"0x20","@!P0 BAR.SYNC 0x0","50","100","0","45"\n'
+            '"0x30","HMMA.16816.F32 R2, R4, R8, R2","20","1,000","5","0"\n'
+            '"Kernel B"\n' + head +
+            '"0x10","LDS.128 R0, [R1]","7","10","7","0"\n')
+    path = tmp_path / "source.csv"
+    path.write_text(page)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "ncu_summary.py"),
+                          str(path)], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    a, b = out.split("== ")[1:]
+    assert a.startswith("Kernel A: 3 instructions, 100 stall samples, 2100 instructions executed")
+    assert re.search(r"HMMA +50 +50\.0% +2000 +95\.2%", a)
+    assert re.search(r"BAR +50 +50\.0% +100 +4\.8%", a)
+    assert re.search(r"stall_barrier +45 +45\.0%", a) and re.search(r"stall_long_sb +5 +5\.0%", a)
+    assert b.startswith("Kernel B: 1 instructions, 7 stall samples")
+    assert re.search(r"LDS +7 +100\.0%", b)
+    # No such table: a clear failure.
+    (tmp_path / "empty.csv").write_text("==PROF== nothing\n")
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "ncu_summary.py"),
+                          str(tmp_path / "empty.csv")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "no table" in bad.stderr

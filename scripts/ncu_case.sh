@@ -9,7 +9,8 @@
 # cycles go: speed of light, pipes, warp states, instruction mix, memory, occupancy,
 # and the per-instruction stall samples (SourceCounters). Each configuration leaves,
 # flat in OUT:
-#   <name>.ncu-rep      the report (opens in the Nsight Compute GUI)
+#   <name>.ncu-rep      the report (opens in the Nsight Compute GUI), with KEEP_REP=1 only:
+#                       with the stall samples it can pass the device tool's 16 MiB a file
 #   details_<name>.txt  every section as text (ncu --page details)
 #   source_<name>.csv   per SASS instruction: executed counts and stall samples
 #                       (ncu --page source --csv; summarised by scripts/ncu_summary.py)
@@ -21,14 +22,26 @@
 #                  (the row split's shortest and longest rows of BENCHMARKS.md)
 #   KERNEL_REGEX   kernels to profile (default GroupedAttentionKernel)
 #   SKIP_INSTALL=1 profile the installed build
+#   KEEP_REP=1     keep the .ncu-rep reports in OUT (else they go to a temporary folder)
+#
+# ncu replays each kernel once per pass (about 22 here) and saves and restores the device
+# memory the kernel can reach around each replay ("Backing up device memory in system
+# memory"); with JAX's default preallocation (75% of the GPU) that is likely ~100 GB a pass.
+# The thirtieth session's first run, with it, profiled three kernels in the ~220 s its
+# 420 s left after the install, and timed out in its first case. So JAX allocates as it
+# goes here (XLA_PYTHON_CLIENT_PREALLOCATE=false), and each case calls each kernel once
+# (--calls 1). Not yet run on the GPU in this form.
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 PY=${PYTHON:-python3}
 OUTDIR=${OUT:-$PWD/out/ncu}
 mkdir -p "$OUTDIR"
-DEFAULT_CONFIGS="q16_512=--config 512,32,8,512 --impls grouped --kv bf16,fp8e4m3 --q-len 16;\
-q16_4096=--config 64,32,8,4096 --impls grouped --kv bf16,fp8e4m3 --q-len 16"
+REPDIR=$OUTDIR
+[ -n "${KEEP_REP:-}" ] || REPDIR=$(mktemp -d)
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+DEFAULT_CONFIGS="q16_512=--config 512,32,8,512 --impls grouped --kv bf16,fp8e4m3 --q-len 16 --calls 1;\
+q16_4096=--config 64,32,8,4096 --impls grouped --kv bf16,fp8e4m3 --q-len 16 --calls 1"
 CONFIGS=${CONFIGS:-$DEFAULT_CONFIGS}
 REGEX=${KERNEL_REGEX:-GroupedAttentionKernel}
 SECTIONS=(SpeedOfLight ComputeWorkloadAnalysis WarpStateStats InstructionStats SourceCounters
@@ -53,14 +66,14 @@ for entry in "${entries[@]}"; do
   echo "=== $name: ncu ... scripts/profile_case.py $args"
   # shellcheck disable=SC2086  # args: one string of profile_case arguments
   if ! ncu --clock-control none --kernel-name "regex:$REGEX" "${section_args[@]}" \
-      -o "$OUTDIR/$name" -f "$PY" scripts/profile_case.py $args > "$OUTDIR/ncu_$name.log" 2>&1; then
+      -o "$REPDIR/$name" -f "$PY" scripts/profile_case.py $args > "$OUTDIR/ncu_$name.log" 2>&1; then
     tail -n 30 "$OUTDIR/ncu_$name.log"
     FAILED=1
     continue
   fi
   rm -f "$OUTDIR/ncu_$name.log"
-  ncu --import "$OUTDIR/$name.ncu-rep" --page details > "$OUTDIR/details_$name.txt" 2>&1 || FAILED=1
-  ncu --import "$OUTDIR/$name.ncu-rep" --page source --csv --print-source sass \
+  ncu --import "$REPDIR/$name.ncu-rep" --page details > "$OUTDIR/details_$name.txt" 2>&1 || FAILED=1
+  ncu --import "$REPDIR/$name.ncu-rep" --page source --csv --print-source sass \
     > "$OUTDIR/source_$name.csv" 2>&1 || FAILED=1
   grep -E "GroupedAttentionKernel|^ +Duration|Issue Slots Busy|Compute \(SM\) Throughput|Memory Throughput" \
     "$OUTDIR/details_$name.txt" | head -n 40

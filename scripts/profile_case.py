@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """One paged-attention call per implementation, for a kernel profiler (ncu).
 
-Builds one configuration (bf16, random data, permuted block tables), compiles
-each implementation, then runs each once more inside a profiler range so that
-`ncu --kernel-name regex:...` sees exactly the kernels of one call, plus one
-device-to-device copy of the same number of bytes as K and V (the reference
-rate under the same profiler). Prints nothing the profiler needs; it exists so
+Builds one configuration (bf16, random data, permuted block tables) and calls
+each implementation `--calls` times (default 2: the first compiles; ncu profiles
+every launch, so `ncu --kernel-name regex:...` sees each kernel of a call that
+often), plus (with `--copy`) a device-to-device copy of the same number of
+bytes as K and V (the reference rate under the same profiler). Prints nothing the profiler needs; it exists so
 that kernel durations (gpu__time_duration) can be read without any loop or
 dispatch overhead around them.
 
@@ -84,6 +84,8 @@ def main() -> None:
     ap.add_argument("--impls", default="grouped,v2", help="comma-separated impl names")
     ap.add_argument("--kv", default="bf16", help="comma-separated cache dtypes: bf16, fp8e4m3, fp8e5m2")
     ap.add_argument("--copy", action="store_true", help="also one copy of the K+V bytes")
+    ap.add_argument("--calls", type=int, default=2,
+                    help="calls of each implementation (the first compiles; ncu profiles each)")
     ap.add_argument("--q-len", default="1",
                     help="comma-separated query lengths (new tokens per sequence), each a case")
     args = ap.parse_args()
@@ -98,8 +100,8 @@ def run_case(args, case, q_len: int) -> None:
         for impl in args.impls.split(","):
             f = jax.jit(lambda q, kc, vc, bt, sl, kwargs, impl=impl:
                         jp.paged_attention(q, kc, vc, bt, sl, impl=impl, **kwargs))
-            jax.block_until_ready(f(*args_kv, kwargs))
-            jax.block_until_ready(f(*args_kv, kwargs))
+            for _ in range(args.calls):
+                jax.block_until_ready(f(*args_kv, kwargs))
             print(f"ran {impl} on {kv} caches, q_len {q_len}", flush=True)
     if args.copy:
         both = jnp.concatenate([kc.reshape(-1), vc.reshape(-1)])

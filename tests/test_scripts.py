@@ -102,7 +102,7 @@ def test_ncu_case_profiles_each_config_and_exports_its_pages(tmp_path):
     log = tmp_path / "ncu_calls.txt"
     (bindir / "ncu").write_text(
         "#!/usr/bin/env bash\n"
-        f"echo \"$*\" >> {log}\n"
+        f"echo \"$XLA_PYTHON_CLIENT_PREALLOCATE $*\" >> {log}\n"
         "while [ $# -gt 0 ]; do\n"
         "  if [ \"$1\" = -o ]; then touch \"$2.ncu-rep\"; fi\n"
         "  if [ \"$1\" = --page ]; then echo \"page $2\"; fi\n"
@@ -117,16 +117,25 @@ def test_ncu_case_profiles_each_config_and_exports_its_pages(tmp_path):
                    capture_output=True, text=True, check=True, timeout=60)
     calls = log.read_text().splitlines()
     assert len(calls) == 6, calls
+    # JAX must not preallocate: ncu saves what a kernel can reach around each replay.
+    assert all(c.startswith("false ") for c in calls), calls
+    calls = [c[len("false "):] for c in calls]
     profile_a, details_a, source_a = calls[:3]
     assert "--clock-control none" in profile_a and "--section SourceCounters" in profile_a
     assert profile_a.endswith("scripts/profile_case.py --config 1,32,8,1024 --q-len 16")
-    assert f"-o {out}/a " in profile_a
-    assert details_a == f"--import {out}/a.ncu-rep --page details"
-    assert source_a.startswith(f"--import {out}/a.ncu-rep --page source --csv")
+    rep = re.search(r"-o (\S+)/a ", profile_a).group(1)
+    assert rep != str(out), "the reports stay out of OUT unless KEEP_REP=1"
+    assert details_a == f"--import {rep}/a.ncu-rep --page details"
+    assert source_a.startswith(f"--import {rep}/a.ncu-rep --page source --csv")
     assert calls[3].endswith("--config 2,32,8,512 --kv bf16,fp8e4m3")
     assert sorted(p.name for p in out.iterdir()) == [
-        "a.ncu-rep", "b.ncu-rep", "details_a.txt", "details_b.txt", "source_a.csv", "source_b.csv"]
+        "details_a.txt", "details_b.txt", "source_a.csv", "source_b.csv"]
     assert (out / "source_b.csv").read_text() == "page source\n"
+    # KEEP_REP=1: the reports in OUT too.
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "ncu_case.sh")],
+                   env=dict(env, KEEP_REP="1", CONFIGS="c=--config 1,32,8,1024"),
+                   capture_output=True, text=True, check=True, timeout=60)
+    assert (out / "c.ncu-rep").exists()
 
 
 def test_ncu_summary_sums_samples_per_opcode_and_reason(tmp_path):

@@ -3,8 +3,8 @@
 #
 #     bash scripts/ncu_case.sh
 #
-# Installs the default build (skip with SKIP_INSTALL=1), then for each configuration of
-# CONFIGS runs scripts/profile_case.py under ncu (clocks left alone, as
+# Installs the default build (gpu_check.sh's install stage; skip with SKIP_INSTALL=1), then
+# for each configuration of CONFIGS runs scripts/profile_case.py under ncu (clocks left alone, as
 # /work/.library/device/METHOD.md asks) with the sections that say where a kernel's
 # cycles go: speed of light, pipes, warp states, instruction mix, memory, occupancy,
 # and the per-instruction stall samples (SourceCounters). Each configuration leaves,
@@ -27,10 +27,10 @@
 # ncu replays each kernel once per pass (about 22 here) and saves and restores the device
 # memory the kernel can reach around each replay ("Backing up device memory in system
 # memory"); with JAX's default preallocation (75% of the GPU) that is likely ~100 GB a pass.
-# The thirtieth session's first run, with it, profiled three kernels in the ~220 s its
-# 420 s left after the install, and timed out in its first case. So JAX allocates as it
-# goes here (XLA_PYTHON_CLIENT_PREALLOCATE=false), and each case calls each kernel once
-# (--calls 1). Not yet run on the GPU in this form.
+# The thirtieth session's first run, with it, profiled three kernels in the ~220 s that
+# its 420 s limit left after the install, and timed out in its first case. So JAX
+# allocates as it goes here (XLA_PYTHON_CLIENT_PREALLOCATE=false), and each case calls
+# each kernel once (--calls 1). Not yet run on the GPU in this form.
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -50,12 +50,10 @@ section_args=()
 for s in "${SECTIONS[@]}"; do section_args+=(--section "$s"); done
 
 if [ -z "${SKIP_INSTALL:-}" ]; then
-  echo "=== install"
-  if ! "$PY" -m pip install --no-build-isolation --no-deps -e . > "$OUTDIR/install.log" 2>&1; then
-    tail -n 30 "$OUTDIR/install.log"
-    exit 1
-  fi
-  rm -f "$OUTDIR/install.log"  # (OUT returns at most 8 files)
+  # gpu_check.sh's install stage alone: it switches every development option off, which a
+  # warm machine's build directory would otherwise keep from an earlier build (its logs go
+  # to a temporary folder: OUT returns at most 8 files; it prints a failed build's errors).
+  OUT=$(mktemp -d) SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 bash scripts/gpu_check.sh || exit 1
 fi
 
 FAILED=0

@@ -26,12 +26,12 @@ SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 
 
-def _number(text: str) -> float | None:
-    text = text.strip().replace(",", "")
+def _number(text: str) -> float:
+    """A cell's value ("1,000" -> 1000.0); 0 for an empty or non-numeric cell."""
     try:
-        return float(text)
+        return float(text.strip().replace(",", ""))
     except ValueError:
-        return None
+        return 0.0
 
 
 def opcode(source: str) -> str:
@@ -61,21 +61,22 @@ def tables(rows: list[list[str]]) -> list[tuple[str, list[dict]]]:
 
 def summarise(title: str, rows: list[dict], top: int) -> str:
     if not rows:
-        return f"{title or 'table'}: no rows\n"
+        return f"== {title or 'table'}: no rows\n"
     columns = list(rows[0])
-    stall_cols = [c for c in columns if re.search("stall", c, re.I) and c != SAMPLES
+    # (Not the sample totals, "Warp Stall Sampling (...)".)
+    stall_cols = [c for c in columns if re.search("stall", c, re.I)
                   and not c.startswith("Warp Stall Sampling")]
     by_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     stall_totals: dict[str, float] = defaultdict(float)
     per_inst = []
     for r in rows:
-        samples = _number(r.get(SAMPLES, "")) or 0.0
-        executed = _number(r.get(EXECUTED, "")) or 0.0
+        samples = _number(r.get(SAMPLES, ""))
+        executed = _number(r.get(EXECUTED, ""))
         op = opcode(r.get("Source", ""))
         by_op[op][0] += samples
         by_op[op][1] += executed
         for c in stall_cols:
-            stall_totals[c] += _number(r.get(c, "")) or 0.0
+            stall_totals[c] += _number(r.get(c, ""))
         per_inst.append((samples, r.get("Address", r.get("# Address", "")), r.get("Source", "")))
     total_samples = sum(v[0] for v in by_op.values()) or 1.0
     total_exec = sum(v[1] for v in by_op.values()) or 1.0

@@ -5,9 +5,9 @@ Builds one configuration (bf16, random data, permuted block tables) and calls
 each implementation `--calls` times (default 2: the first compiles; ncu profiles
 every launch, so `ncu --kernel-name regex:...` sees each kernel of a call that
 often), plus (with `--copy`) a device-to-device copy of the same number of
-bytes as K and V (the reference rate under the same profiler). Prints nothing the profiler needs; it exists so
-that kernel durations (gpu__time_duration) can be read without any loop or
-dispatch overhead around them.
+bytes as K and V (the reference rate under the same profiler). Prints nothing
+the profiler needs; it exists so that kernel durations (gpu__time_duration) can
+be read without any loop or dispatch overhead around them.
 
     ncu --clock-control none --metrics gpu__time_duration.sum python3 scripts/profile_case.py \
         --config 1,32,8,32768

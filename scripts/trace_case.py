@@ -37,8 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_case import FP8, build_case, fp8_case  # noqa: E402
 
 # Per CTA: entry, first stage, loop end (thread 0), exit (ns), SM, tiles, cycles to
-# loop end, cycles after, every warp's loop done, merge buffer written (ns).
-WORDS = 10
+# loop end, cycles after, every warp's loop done, merge buffer written, first copies
+# issued (thread 0), query rows staged (ns).
+WORDS = 12
 
 
 def pct(values: np.ndarray, qs=(0, 50, 90, 100)) -> str:
@@ -90,13 +91,17 @@ def main() -> int:
             print("no CTA wrote a trace row (command buffers on? impl not grouped?)")
             return 1
         (entry, first, loop_end, exit_, sm, tiles, cyc_loop, cyc_epi, all_loops,
-         merged) = (rows[:, j] for j in range(WORDS))
+         merged, issued, staged) = (rows[:, j] for j in range(WORDS))
         t0, t_end = entry.min(), exit_.max()
         span = (t_end - t0) / 1e3
         print(f"call {i}: {len(rows)} CTAs on {len(np.unique(sm))} SMs, span {span:.2f} us "
               f"({kv_bytes / (span * 1e-6) / 1e12:.2f} TB/s), tiles/CTA {tiles.min()}-{tiles.max()}")
         print(f"  entry after first entry   {pct(entry - t0)}")
         print(f"  entry -> first stage      {pct(first - entry)}")
+        # The start of the CTA, split at thread 0's first copies and the staged query.
+        print(f"    first copies issued     {pct(issued - entry)}")
+        print(f"    query rows staged       {pct(staged - issued)}")
+        print(f"    first stage's data      {pct(first - staged)}")
         print(f"  first stage -> loop end   {pct(loop_end - first)}")
         print(f"  loop end -> exit          {pct(exit_ - loop_end)}")
         # The end of the CTA, split at the merge's two barriers.

@@ -343,8 +343,10 @@ __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& 
 // tile done and from there to the exit, then (ns) every warp's tiles done
 // (the merge's first barrier passed) and the merge buffer written (its
 // second barrier passed): they split "last tile done -> exit" into waiting for
-// the other warps, the merge and the output stores.
-constexpr int kTraceWords = 10;
+// the other warps, the merge and the output stores; then (ns) thread 0's first
+// copies issued and the query rows staged (the prologue's last barrier passed):
+// they split "entry -> first stage arrived".
+constexpr int kTraceWords = 12;
 __device__ __forceinline__ unsigned long long GlobalTimerNs() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -439,6 +441,7 @@ __global__ void __launch_bounds__(
   const unsigned long long t_entry = GlobalTimerNs();
   const long long c_entry = clock64();
   unsigned long long t_first = 0, t_loop_end = 0, t_all_loops = 0, t_merged = 0;
+  unsigned long long t_issued = 0, t_staged = 0;
   long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
@@ -626,6 +629,9 @@ __global__ void __launch_bounds__(
     for (int i = 0; i < kStages; ++i)  // the second refills, stored after the query staging
       first_entries[i] = kStages + i < ntiles ? load_entry(kStages + i) : -1;
   }
+#ifdef JAX_PAGED_TRACE
+  t_issued = GlobalTimerNs();
+#endif
   AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
@@ -931,6 +937,9 @@ __global__ void __launch_bounds__(
     __syncthreads();
     if (warp == 0 && kStages - 1 < ntiles) issue(kStages - 1, kStages - 1, last_first_entry);
   }
+#ifdef JAX_PAGED_TRACE
+  t_staged = GlobalTimerNs();
+#endif
 
   // wgmma (64-row CTAs, kWgmma): the pages as the tensor cores' B operands, read
   // in place through descriptors (wgmma.cuh). Q.K: per 32 tokens and 16 dims,
@@ -1739,6 +1748,8 @@ __global__ void __launch_bounds__(
     row[7] = static_cast<unsigned long long>(clock64() - c_loop_end);
     row[8] = t_all_loops;
     row[9] = t_merged;
+    row[10] = t_issued;
+    row[11] = t_staged;
   }
 #endif
 #endif  // JAX_PAGED_GROUPED_SM90

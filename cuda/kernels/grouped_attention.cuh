@@ -140,6 +140,11 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
+// A hint to bring `bytes` (a multiple of 16, from a 16-byte aligned address) of
+// global memory into the L2; changes no data.
+__device__ __forceinline__ void PrefetchL2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 // Global -> shared copy of the box at (x, y) of a 2-D tensor map (a
 // __grid_constant__ kernel parameter), completing on the mbarrier's transaction
 // count; the map's swizzle mode lays the box out in shared memory.
@@ -411,6 +416,11 @@ constexpr bool kPlainAllValid = false;
 // kWgmma: the row split's warpgroup-product form (wgmma.cuh; the default on
 // compute capability 9.0).
 // kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
+// successor_stride (the row split; 0: off): warp 0 warms the L2 for the CTA
+// that likely takes this one's place, linear index (x fastest) this one's plus
+// successor_stride (the CTAs resident on the device: blocks are dispatched in
+// that order as slots free), with its query rows and its first two tiles' pages
+// (development switch JAX_PAGED_SUCCESSOR_PREFETCH=1, see the launcher).
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
 __global__ void __launch_bounds__(
@@ -418,7 +428,8 @@ __global__ void __launch_bounds__(
                              kRowBlocks>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
-                           const bool direct_out, const __grid_constant__ CUtensorMap v_map) {
+                           const bool direct_out, const __grid_constant__ CUtensorMap v_map,
+                           const int successor_stride) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
@@ -1078,6 +1089,62 @@ __global__ void __launch_bounds__(
     }
   };
 
+  // The successor's first pages and query rows (successor_stride > 0, warp 0;
+  // hints only: a wrong guess costs bytes, never results). Its block-table
+  // entries and length are loaded one tile before its prefetches are issued, in
+  // the last tile, so that the warp does not wait for them. (Windows move a
+  // CTA's first block: no hint there.)
+  constexpr int kSuccPages = 2 * C::kTile / kMinBlockSize > 32 ? 32 : 2 * C::kTile / kMinBlockSize;
+  struct Successor {
+    int seq, kv_head, row0, rows;  // seq < 0: none
+    int64_t first_blk;
+  };
+  // (Recomputed in both steps: only the loaded values stay live in between.)
+  auto successor = [&]() -> Successor {
+    const int64_t gx = gridDim.x, gxy = gx * gridDim.y;
+    const int64_t next = blockIdx.x + gx * blockIdx.y + gxy * blockIdx.z + successor_stride;
+    if (next >= gxy * gridDim.z || p.sliding_window > 0) return {-1, 0, 0, 0, 0};
+    const int bx = static_cast<int>(next % gx);
+    const int kvh = bx / group_chunks;
+    const int r0 = (bx - kvh * group_chunks) * rows_per_cta;
+    return {seq_base + static_cast<int>((next / gx) % gridDim.y), kvh, r0,
+            min(rows_per_cta, q_len * group - r0), (next / gxy) * blocks_per_part};
+  };
+  int32_t succ_entry = -1;  // lane i < kSuccPages: the successor's page i, or -1
+  int succ_len = 0;         // its length
+  auto load_successor = [&]() {
+    const Successor sc = successor();
+    if (sc.seq < 0) return;
+    const int64_t blk = sc.first_blk + lane;
+    if (lane < kSuccPages && blk < p.max_blocks_per_seq)
+      succ_entry = p.block_tables[static_cast<int64_t>(sc.seq) * p.max_blocks_per_seq + blk];
+    succ_len = p.seq_lens[sc.seq];
+  };
+  auto prefetch_successor = [&]() {
+    const Successor sc = successor();
+    if (sc.seq < 0) return;
+    const int len = EffectiveSeqLen(succ_len, p.max_blocks_per_seq, BS);
+    const int64_t end_blk =
+        std::min<int64_t>(sc.first_blk + blocks_per_part, (len + BS - 1) >> log2_bs);
+    if (lane < 2 * ppt && sc.first_blk + lane < end_blk && succ_entry >= 0 &&
+        succ_entry < p.num_blocks) {
+      const int64_t src =
+          succ_entry * kv_block_stride + static_cast<int64_t>(sc.kv_head) * page_elems;
+      PrefetchL2(key_cache + src, page_bytes);
+      PrefetchL2(value_cache + src, page_bytes);
+    }
+    if (sc.rows <= 0) return;
+    // Its query rows: whole groups of heads per query token (within the row).
+    const int qi0 = sc.row0 / group;
+    const int tokens = (sc.row0 + sc.rows - 1) / group - qi0 + 1;
+    const T* q = static_cast<const T*>(p.query) +
+                 ((static_cast<int64_t>(sc.seq) * q_len + qi0) * p.num_heads +
+                  sc.kv_head * group) * D;
+    for (int j = lane; j < tokens; j += 32)
+      PrefetchL2(q + static_cast<int64_t>(j) * p.num_heads * D,
+                 static_cast<uint32_t>(group * D * sizeof(T)));
+  };
+
   int stage = 0;
   uint32_t phase = 0;
   Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
@@ -1603,6 +1670,13 @@ __global__ void __launch_bounds__(
         pending_stage = stage;
       }
     }
+    if constexpr (kRowSplit) {
+      if (successor_stride > 0 && warp == 0) {  // (warp-uniform)
+        // (Issued as the last tile starts: about a tile and the CTA's end ahead.)
+        if (k == max(ntiles - 3, 0)) load_successor();
+        if (k == max(ntiles - 2, 0)) prefetch_successor();
+      }
+    }
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1u;
@@ -1758,11 +1832,12 @@ __global__ void __launch_bounds__(
 // One instantiation of the kernel with its own once-per-device flags (shared
 // memory limit raised, carveout hint set), its shared memory and rows per CTA.
 struct GroupedInstance {
-  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap);
+  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap, int);
   std::atomic<bool>* smem_configured;  // [kMaxDevices]
   std::atomic<bool>* carveout_set;     // [kMaxDevices]
   size_t smem_bytes;                   // GroupedConfig::kSmemBytes
   int max_rows;                        // GroupedConfig::kRows
+  int ctas_per_sm;                     // GroupedConfig::kCtasPerSm
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
@@ -1771,7 +1846,8 @@ GroupedInstance GroupedInstanceOf() {
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows>,
-          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
+          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
+          C::kCtasPerSm};
 }
 
 // Whether the 64-row CTAs run their wgmma form: on compute capability 9.0, the
@@ -1983,10 +2059,21 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
   const bool pdl = UseProgrammaticLaunch(device);
+  // The row split's successor prefetch (see the kernel): development switch,
+  // JAX_PAGED_SUCCESSOR_PREFETCH=1 (read once), for A/B runs in one build.
+  static const bool successor_prefetch = EnvIs("JAX_PAGED_SUCCESSOR_PREFETCH", "1");
+  const int resident =
+      g.ctas_per_sm * CachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), kThreads,
-             g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out, v_map);
+    const dim3 grid(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p));
+    const int successor_stride =
+        successor_prefetch && g.max_rows > kMaxRows &&
+                int64_t{grid.x} * grid.y * grid.z > resident
+            ? resident
+            : 0;
+    g.kernel<<<grid, kThreads, g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta,
+                                                       direct_out, v_map, successor_stride);
     if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;

@@ -140,11 +140,6 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
-// A hint to bring `bytes` (a multiple of 16, from a 16-byte aligned address) of
-// global memory into the L2; changes no data.
-__device__ __forceinline__ void PrefetchL2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
 // Global -> shared copy of the box at (x, y) of a 2-D tensor map (a
 // __grid_constant__ kernel parameter), completing on the mbarrier's transaction
 // count; the map's swizzle mode lays the box out in shared memory.
@@ -416,11 +411,6 @@ constexpr bool kPlainAllValid = false;
 // kWgmma: the row split's warpgroup-product form (wgmma.cuh; the default on
 // compute capability 9.0).
 // kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
-// successor_stride (the row split; 0: off): warp 0 warms the L2 for the CTA
-// that likely takes this one's place, linear index (x fastest) this one's plus
-// successor_stride (the CTAs resident on the device: blocks are dispatched in
-// that order as slots free), with its query rows and its first two tiles' pages
-// (development switch JAX_PAGED_SUCCESSOR_PREFETCH=1, see the launcher).
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
 __global__ void __launch_bounds__(
@@ -428,8 +418,7 @@ __global__ void __launch_bounds__(
                              kRowBlocks>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
-                           const bool direct_out, const __grid_constant__ CUtensorMap v_map,
-                           const int successor_stride) {
+                           const bool direct_out, const __grid_constant__ CUtensorMap v_map) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
@@ -650,46 +639,46 @@ __global__ void __launch_bounds__(
   if constexpr (kFp8) {
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
     // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
-    constexpr int kPairs = D / 2;
+    // Staged per 16-dim chunk of a row (a unit: two 16-byte loads), so that a
+    // thread's loads are few and all in flight at once. (Until the thirty-first
+    // session each pair was its own 4-byte load, eight in flight per thread: the
+    // 64-row CTA's staging then took 9.0-9.3 us of its start against 3.5 for the
+    // 16-bit row split's, H200 trace at q_len 16, 512 x 32 x 8 x 512, e4m3.)
+    constexpr int kUnits = C::kRows * (D / 16);
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-    uint32_t* q_pairs = reinterpret_cast<uint32_t*>(q_s);
+    struct Chunk {
+      uint4 lo, hi;  // source pairs 0-3 and 4-7 of the chunk
+    };
+    // Unit i's first word in q_s (row i / (D / 16), chunk i % (D / 16)).
+    auto unit_word = [&](int i) -> int {
+      const int r = i / (D / 16);
+      return (r * C::kQStride) / 2 + (i - r * (D / 16)) * 8;
+    };
+    uint32_t* q_words = reinterpret_cast<uint32_t*>(q_s);
     float amax = 0.0f;
-    if constexpr (kRowSplit) {
-      StageUnitsBatched<C::kRows * kPairs, 8>(
-          tid,
-          [&](int i) -> uint32_t {  // logical pair i (below), zero past `rows`
-            const int r = i / kPairs;
-            const int lp = i - r * kPairs;
-            const int src_pair = (lp & ~7) + 2 * (lp & 3) + ((lp & 7) >> 2);
-            return r < rows ? *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) +
-                                                                 hrow_of(r) * D + 2 * src_pair)
-                            : 0u;
-          },
-          [&](int i, uint32_t v) {
-            if constexpr (kBf16) {
-              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+    StageUnitsBatched<kUnits, 4>(
+        tid,
+        [&](int i) -> Chunk {  // zero past `rows`
+          const int r = i / (D / 16);
+          if (r >= rows) return {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
+          const uint4* src = reinterpret_cast<const uint4*>(
+              static_cast<const T*>(p.query) + hrow_of(r) * D + (i - r * (D / 16)) * 16);
+          return {src[0], src[1]};
+        },
+        [&](int i, const Chunk& c) {
+          if constexpr (kBf16) {
+            const uint32_t w[8] = {c.lo.x, c.lo.y, c.lo.z, c.lo.w, c.hi.x, c.hi.y, c.hi.z, c.hi.w};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
               amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
             }
-            const int r = i / kPairs;
-            q_pairs[(r * C::kQStride) / 2 + (i - r * kPairs)] = v;
-          });
-    } else {
-      for (int i = tid; i < C::kRows * kPairs; i += kThreads) {
-        const int r = i / kPairs;
-        const int lp = i - r * kPairs;
-        const int j = lp & 7;
-        const int src_pair = (lp & ~7) + 2 * (j & 3) + (j >> 2);
-        uint32_t v = 0u;
-        if (r < rows)
-          v = *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
-                                                 2 * src_pair);
-        if constexpr (kBf16) {
-          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-        }
-        q_pairs[(r * C::kQStride) / 2 + lp] = v;
-      }
-    }
+          }
+          // Logical pairs 0-3: the source's even pairs; 4-7: its odd ones.
+          uint4* dst = reinterpret_cast<uint4*>(q_words + unit_word(i));
+          dst[0] = make_uint4(c.lo.x, c.lo.z, c.hi.x, c.hi.z);
+          dst[1] = make_uint4(c.lo.y, c.lo.w, c.hi.y, c.hi.w);
+        });
     if constexpr (kBf16) {
       // bf16 -> f16 with a power-of-two scale that puts the CTA's largest
       // |q| in [2^14, 2^15): exact for every value down to 2^-28 of it
@@ -705,13 +694,18 @@ __global__ void __launch_bounds__(
         (void)frexpf(amax, &e);  // amax < 2^e
         q_scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
       }
-      for (int i = tid; i < C::kRows * kPairs; i += kThreads) {  // this thread's own pairs
-        const int r = i / kPairs;
-        const int idx = (r * C::kQStride) / 2 + (i - r * kPairs);
-        const uint32_t v = q_pairs[idx];
+      auto to_f16 = [&](uint32_t v) -> uint32_t {
         const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
         const __half2 h = __floats2half2_rn(f.x * q_scale, f.y * q_scale);
-        q_pairs[idx] = *reinterpret_cast<const uint32_t*>(&h);
+        return *reinterpret_cast<const uint32_t*>(&h);
+      };
+      for (int i = tid; i < kUnits; i += kThreads) {  // this thread's own units
+        uint4* u = reinterpret_cast<uint4*>(q_words + unit_word(i));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint4 v = u[h];
+          u[h] = make_uint4(to_f16(v.x), to_f16(v.y), to_f16(v.z), to_f16(v.w));
+        }
       }
     }
   } else {
@@ -1087,62 +1081,6 @@ __global__ void __launch_bounds__(
         }
       WgmmaCommit();
     }
-  };
-
-  // The successor's first pages and query rows (successor_stride > 0, warp 0;
-  // hints only: a wrong guess costs bytes, never results). Its block-table
-  // entries and length are loaded one tile before its prefetches are issued, in
-  // the last tile, so that the warp does not wait for them. (Windows move a
-  // CTA's first block: no hint there.)
-  constexpr int kSuccPages = 2 * C::kTile / kMinBlockSize > 32 ? 32 : 2 * C::kTile / kMinBlockSize;
-  struct Successor {
-    int seq, kv_head, row0, rows;  // seq < 0: none
-    int64_t first_blk;
-  };
-  // (Recomputed in both steps: only the loaded values stay live in between.)
-  auto successor = [&]() -> Successor {
-    const int64_t gx = gridDim.x, gxy = gx * gridDim.y;
-    const int64_t next = blockIdx.x + gx * blockIdx.y + gxy * blockIdx.z + successor_stride;
-    if (next >= gxy * gridDim.z || p.sliding_window > 0) return {-1, 0, 0, 0, 0};
-    const int bx = static_cast<int>(next % gx);
-    const int kvh = bx / group_chunks;
-    const int r0 = (bx - kvh * group_chunks) * rows_per_cta;
-    return {seq_base + static_cast<int>((next / gx) % gridDim.y), kvh, r0,
-            min(rows_per_cta, q_len * group - r0), (next / gxy) * blocks_per_part};
-  };
-  int32_t succ_entry = -1;  // lane i < kSuccPages: the successor's page i, or -1
-  int succ_len = 0;         // its length
-  auto load_successor = [&]() {
-    const Successor sc = successor();
-    if (sc.seq < 0) return;
-    const int64_t blk = sc.first_blk + lane;
-    if (lane < kSuccPages && blk < p.max_blocks_per_seq)
-      succ_entry = p.block_tables[static_cast<int64_t>(sc.seq) * p.max_blocks_per_seq + blk];
-    succ_len = p.seq_lens[sc.seq];
-  };
-  auto prefetch_successor = [&]() {
-    const Successor sc = successor();
-    if (sc.seq < 0) return;
-    const int len = EffectiveSeqLen(succ_len, p.max_blocks_per_seq, BS);
-    const int64_t end_blk =
-        std::min<int64_t>(sc.first_blk + blocks_per_part, (len + BS - 1) >> log2_bs);
-    if (lane < 2 * ppt && sc.first_blk + lane < end_blk && succ_entry >= 0 &&
-        succ_entry < p.num_blocks) {
-      const int64_t src =
-          succ_entry * kv_block_stride + static_cast<int64_t>(sc.kv_head) * page_elems;
-      PrefetchL2(key_cache + src, page_bytes);
-      PrefetchL2(value_cache + src, page_bytes);
-    }
-    if (sc.rows <= 0) return;
-    // Its query rows: whole groups of heads per query token (within the row).
-    const int qi0 = sc.row0 / group;
-    const int tokens = (sc.row0 + sc.rows - 1) / group - qi0 + 1;
-    const T* q = static_cast<const T*>(p.query) +
-                 ((static_cast<int64_t>(sc.seq) * q_len + qi0) * p.num_heads +
-                  sc.kv_head * group) * D;
-    for (int j = lane; j < tokens; j += 32)
-      PrefetchL2(q + static_cast<int64_t>(j) * p.num_heads * D,
-                 static_cast<uint32_t>(group * D * sizeof(T)));
   };
 
   int stage = 0;
@@ -1670,13 +1608,6 @@ __global__ void __launch_bounds__(
         pending_stage = stage;
       }
     }
-    if constexpr (kRowSplit) {
-      if (successor_stride > 0 && warp == 0) {  // (warp-uniform)
-        // (Issued as the last tile starts: about a tile and the CTA's end ahead.)
-        if (k == max(ntiles - 3, 0)) load_successor();
-        if (k == max(ntiles - 2, 0)) prefetch_successor();
-      }
-    }
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1u;
@@ -1832,12 +1763,11 @@ __global__ void __launch_bounds__(
 // One instantiation of the kernel with its own once-per-device flags (shared
 // memory limit raised, carveout hint set), its shared memory and rows per CTA.
 struct GroupedInstance {
-  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap, int);
+  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap);
   std::atomic<bool>* smem_configured;  // [kMaxDevices]
   std::atomic<bool>* carveout_set;     // [kMaxDevices]
   size_t smem_bytes;                   // GroupedConfig::kSmemBytes
   int max_rows;                        // GroupedConfig::kRows
-  int ctas_per_sm;                     // GroupedConfig::kCtasPerSm
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
@@ -1846,8 +1776,7 @@ GroupedInstance GroupedInstanceOf() {
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows>,
-          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
-          C::kCtasPerSm};
+          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
 }
 
 // Whether the 64-row CTAs run their wgmma form: on compute capability 9.0, the
@@ -2059,21 +1988,10 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
   const bool pdl = UseProgrammaticLaunch(device);
-  // The row split's successor prefetch (see the kernel): development switch,
-  // JAX_PAGED_SUCCESSOR_PREFETCH=1 (read once), for A/B runs in one build.
-  static const bool successor_prefetch = EnvIs("JAX_PAGED_SUCCESSOR_PREFETCH", "1");
-  const int resident =
-      g.ctas_per_sm * CachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    const dim3 grid(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p));
-    const int successor_stride =
-        successor_prefetch && g.max_rows > kMaxRows &&
-                int64_t{grid.x} * grid.y * grid.z > resident
-            ? resident
-            : 0;
-    g.kernel<<<grid, kThreads, g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta,
-                                                       direct_out, v_map, successor_stride);
+    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), kThreads,
+             g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out, v_map);
     if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;

@@ -496,10 +496,10 @@ __global__ void __launch_bounds__(
   // latency overlaps the block-table and length loads instead of following the
   // first copies. The thirty-first session's trace put ~2 us before the first
   // copies and ~3.5 us in the query staging of a 64-row CTA's ~6 us start at 512
-  // tokens. (The eighteenth
-  // session's form of this, for every kernel but not the fp8 ones, was no faster
-  // at 4096 tokens, where a CTA starts once per 64 tiles.) Units as the staging's:
-  // fp8 caches, 16 dims of a row (two 16-byte loads); else 16 bytes of a row.
+  // tokens. (The eighteenth session's form of this, for every kernel but not the
+  // fp8 ones, was no faster at 4096 tokens, where a CTA starts once per 64
+  // tiles.) Units as the staging's: fp8 caches, 16 dims of a row (two 16-byte
+  // loads); else 16 bytes of a row.
   // Not at four CTAs per SM (head 64): at 128 registers the held units spill.
   constexpr bool kQueryFirst = C::kRowSplit && C::kCtasPerSm <= 2;
   struct QHeldChunk {
@@ -792,6 +792,9 @@ __global__ void __launch_bounds__(
       }
     }
   }
+#ifdef JAX_PAGED_ROW_SPLIT_QUERY_FIRST
+#undef JAX_PAGED_HELD_QUERY_UNIT
+#endif
   if (warp == 0 && lane < C::kMaxTilePages) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) refill_table_s[i * C::kMaxTilePages + lane] = first_entries[i];

@@ -700,37 +700,63 @@ __global__ void __launch_bounds__(
     };
     uint32_t* q_words = reinterpret_cast<uint32_t*>(q_s);
     float amax = 0.0f;
-    StageUnitsBatched<kUnits, 4>(
-        tid,
-#ifdef JAX_PAGED_ROW_SPLIT_QUERY_FIRST
-        [&](int i) -> Chunk {  // (the other kernels load here)
-          if constexpr (kQueryFirst) {
-            const QHeldChunk& h = JAX_PAGED_HELD_QUERY_UNIT(i);
-            return {h.lo, h.hi};
-          }
-#else
-        [&](int i) -> Chunk {  // zero past `rows`
-#endif
-          const int r = i / (D / 16);
-          if (r >= rows) return {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
-          const uint4* src = reinterpret_cast<const uint4*>(
-              static_cast<const T*>(p.query) + hrow_of(r) * D + (i - r * (D / 16)) * 16);
-          return {src[0], src[1]};
-        },
-        [&](int i, const Chunk& c) {
-          if constexpr (kBf16) {
-            const uint32_t w[8] = {c.lo.x, c.lo.y, c.lo.z, c.lo.w, c.hi.x, c.hi.y, c.hi.z, c.hi.w};
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+    // The row split at four CTAs per SM (head sizes up to 64, 128 registers) keeps
+    // the pairwise staging (one 4-byte load per pair of dims): with the units
+    // ptxas 13.0 spilled 12-16 bytes there, into its tile loop.
+    constexpr bool kPairwise = kRowSplit && C::kCtasPerSm > 2;
+    constexpr int kPairs = D / 2;
+    if constexpr (kPairwise) {
+      StageUnitsBatched<C::kRows * kPairs, 8>(
+          tid,
+          [&](int i) -> uint32_t {  // logical pair i (below), zero past `rows`
+            const int r = i / kPairs;
+            const int lp = i - r * kPairs;
+            const int src_pair = (lp & ~7) + 2 * (lp & 3) + ((lp & 7) >> 2);
+            return r < rows ? *reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) +
+                                                                 hrow_of(r) * D + 2 * src_pair)
+                            : 0u;
+          },
+          [&](int i, uint32_t v) {
+            if constexpr (kBf16) {
+              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
               amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
             }
-          }
-          // Logical pairs 0-3: the source's even pairs; 4-7: its odd ones.
-          uint4* dst = reinterpret_cast<uint4*>(q_words + unit_word(i));
-          dst[0] = make_uint4(c.lo.x, c.lo.z, c.hi.x, c.hi.z);
-          dst[1] = make_uint4(c.lo.y, c.lo.w, c.hi.y, c.hi.w);
-        });
+            const int r = i / kPairs;
+            q_words[(r * C::kQStride) / 2 + (i - r * kPairs)] = v;
+          });
+    } else {
+      StageUnitsBatched<kUnits, 4>(
+          tid,
+#ifdef JAX_PAGED_ROW_SPLIT_QUERY_FIRST
+          [&](int i) -> Chunk {  // (the other kernels load here)
+            if constexpr (kQueryFirst) {
+              const QHeldChunk& h = JAX_PAGED_HELD_QUERY_UNIT(i);
+              return {h.lo, h.hi};
+            }
+#else
+          [&](int i) -> Chunk {  // zero past `rows`
+#endif
+            const int r = i / (D / 16);
+            if (r >= rows) return {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
+            const uint4* src = reinterpret_cast<const uint4*>(
+                static_cast<const T*>(p.query) + hrow_of(r) * D + (i - r * (D / 16)) * 16);
+            return {src[0], src[1]};
+          },
+          [&](int i, const Chunk& c) {
+            if constexpr (kBf16) {
+              const uint32_t w[8] = {c.lo.x, c.lo.y, c.lo.z, c.lo.w, c.hi.x, c.hi.y, c.hi.z, c.hi.w};
+#pragma unroll
+              for (int j = 0; j < 8; ++j) {
+                const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+                amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+              }
+            }
+            // Logical pairs 0-3: the source's even pairs; 4-7: its odd ones.
+            uint4* dst = reinterpret_cast<uint4*>(q_words + unit_word(i));
+            dst[0] = make_uint4(c.lo.x, c.lo.z, c.hi.x, c.hi.z);
+            dst[1] = make_uint4(c.lo.y, c.lo.w, c.hi.y, c.hi.w);
+          });
+    }
     if constexpr (kBf16) {
       // bf16 -> f16 with a power-of-two scale that puts the CTA's largest
       // |q| in [2^14, 2^15): exact for every value down to 2^-28 of it
@@ -751,12 +777,20 @@ __global__ void __launch_bounds__(
         const __half2 h = __floats2half2_rn(f.x * q_scale, f.y * q_scale);
         return *reinterpret_cast<const uint32_t*>(&h);
       };
-      for (int i = tid; i < kUnits; i += kThreads) {  // this thread's own units
-        uint4* u = reinterpret_cast<uint4*>(q_words + unit_word(i));
+      if constexpr (kPairwise) {
+        for (int i = tid; i < C::kRows * kPairs; i += kThreads) {  // this thread's own pairs
+          const int r = i / kPairs;
+          const int idx = (r * C::kQStride) / 2 + (i - r * kPairs);
+          q_words[idx] = to_f16(q_words[idx]);
+        }
+      } else {
+        for (int i = tid; i < kUnits; i += kThreads) {  // this thread's own units
+          uint4* u = reinterpret_cast<uint4*>(q_words + unit_word(i));
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint4 v = u[h];
-          u[h] = make_uint4(to_f16(v.x), to_f16(v.y), to_f16(v.z), to_f16(v.w));
+          for (int h = 0; h < 2; ++h) {
+            const uint4 v = u[h];
+            u[h] = make_uint4(to_f16(v.x), to_f16(v.y), to_f16(v.z), to_f16(v.w));
+          }
         }
       }
     }

@@ -4,7 +4,9 @@
 Where does a call's time go beyond bytes / bandwidth (at B=1, L=32768 about
 8 us of a 40 us kernel)? The grouped kernel, built with tracing, stamps each
 CTA's entry, the arrival of its first pipeline stage, the end of its tile
-loop and its exit (%globaltimer, ns) plus its SM. This script runs one
+loop and its exit (%globaltimer, ns) plus its SM, and stamps between them
+that split the start (first copies issued, query rows staged) and the end
+(every warp's tiles done, merge buffer written). This script runs one
 configuration a few times and prints, per call, the kernel's span (first
 entry to last exit) and the distribution over CTAs of each phase.
 

@@ -311,10 +311,18 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
 // Query staging of the row split (32 or 64 rows): units i =
 // tid, tid + kThreads, ... < kN of the rows, stored as store(i, load(i)), with the
 // loads of up to kBatch units issued before their stores, so that they share one
-// trip to memory instead of a run-time loop's one or two per unit. (The decode
-// kernels keep their run-time loops: routing them through this helper with the
-// same lambdas changed the machine code of 166 decode kernels, which the GPU suite
-// and benchmarks have not run; twenty-eighth session.)
+// trip to memory instead of a run-time loop's one or two per unit. (The 16-bit and
+// f32 decode kernels keep their run-time loops: routing them through this helper
+// with the same lambdas changed the machine code of 166 decode kernels, which the
+// GPU suite and benchmarks had not run; twenty-eighth session. The fp8 decode
+// kernels stage QueryChunk units through it since the thirty-first session, which
+// ran their GPU tests and benchmark.)
+// A staging unit of fp8 caches' query rows: 16 dims of a row as two 16-byte
+// loads, source pairs 0-3 (lo) and 4-7 (hi), stored with the pairs permuted.
+struct QueryChunk {
+  uint4 lo, hi;
+};
+
 template <int kN, int kBatch, typename Load, typename Store>
 __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& store) {
   constexpr int kPerThread = (kN + kThreads - 1) / kThreads;
@@ -502,10 +510,7 @@ __global__ void __launch_bounds__(
   // loads); else 16 bytes of a row.
   // Not at four CTAs per SM (head 64): at 128 registers the held units spill.
   constexpr bool kQueryFirst = C::kRowSplit && C::kCtasPerSm <= 2;
-  struct QHeldChunk {
-    uint4 lo, hi;
-  };
-  using QHeld = std::conditional_t<C::kFp8, QHeldChunk, uint4>;
+  using QHeld = std::conditional_t<C::kFp8, QueryChunk, uint4>;
   constexpr int kQHeldElems = C::kFp8 ? 16 : C::kQX;
   constexpr int kQHeldUnits = C::kRows * (D / kQHeldElems);
   constexpr int kQHeld = kQueryFirst ? (kQHeldUnits + kThreads - 1) / kThreads : 1;
@@ -520,8 +525,8 @@ __global__ void __launch_bounds__(
                                                         hrow_of(r) * D +
                                                         (i - r * (D / kQHeldElems)) * kQHeldElems);
       if constexpr (C::kFp8) {
-        q_held[j] = QHeldChunk{zero, zero};
-        if (i < kQHeldUnits && r < rows) q_held[j] = QHeldChunk{src[0], src[1]};
+        q_held[j] = QueryChunk{zero, zero};
+        if (i < kQHeldUnits && r < rows) q_held[j] = QueryChunk{src[0], src[1]};
       } else {
         q_held[j] = zero;
         if (i < kQHeldUnits && r < rows) q_held[j] = src[0];
@@ -690,9 +695,6 @@ __global__ void __launch_bounds__(
     // 16-bit row split's, H200 trace at q_len 16, 512 x 32 x 8 x 512, e4m3.)
     constexpr int kUnits = C::kRows * (D / 16);
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-    struct Chunk {
-      uint4 lo, hi;  // source pairs 0-3 and 4-7 of the chunk
-    };
     // Unit i's first word in q_s (row i / (D / 16), chunk i % (D / 16)).
     auto unit_word = [&](int i) -> int {
       const int r = i / (D / 16);
@@ -728,13 +730,10 @@ __global__ void __launch_bounds__(
       StageUnitsBatched<kUnits, 4>(
           tid,
 #ifdef JAX_PAGED_ROW_SPLIT_QUERY_FIRST
-          [&](int i) -> Chunk {  // (the other kernels load here)
-            if constexpr (kQueryFirst) {
-              const QHeldChunk& h = JAX_PAGED_HELD_QUERY_UNIT(i);
-              return {h.lo, h.hi};
-            }
+          [&](int i) -> QueryChunk {  // (the other kernels load here)
+            if constexpr (kQueryFirst) return JAX_PAGED_HELD_QUERY_UNIT(i);
 #else
-          [&](int i) -> Chunk {  // zero past `rows`
+          [&](int i) -> QueryChunk {  // zero past `rows`
 #endif
             const int r = i / (D / 16);
             if (r >= rows) return {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
@@ -742,7 +741,7 @@ __global__ void __launch_bounds__(
                 static_cast<const T*>(p.query) + hrow_of(r) * D + (i - r * (D / 16)) * 16);
             return {src[0], src[1]};
           },
-          [&](int i, const Chunk& c) {
+          [&](int i, const QueryChunk& c) {
             if constexpr (kBf16) {
               const uint32_t w[8] = {c.lo.x, c.lo.y, c.lo.z, c.lo.w, c.hi.x, c.hi.y, c.hi.z, c.hi.w};
 #pragma unroll

@@ -38,7 +38,10 @@ PY=${PYTHON:-python3}
 OUTDIR=${OUT:-$PWD/out/ncu}
 mkdir -p "$OUTDIR"
 REPDIR=$OUTDIR
-[ -n "${KEEP_REP:-}" ] || REPDIR=$(mktemp -d)
+if [ -z "${KEEP_REP:-}" ]; then
+  REPDIR=$(mktemp -d)
+  trap 'rm -rf "$REPDIR"' EXIT
+fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 DEFAULT_CONFIGS="q16_512=--config 512,32,8,512 --impls grouped --kv bf16,fp8e4m3 --q-len 16 --calls 1;\
 q16_4096=--config 64,32,8,4096 --impls grouped --kv bf16,fp8e4m3 --q-len 16 --calls 1"

@@ -497,47 +497,6 @@ __global__ void __launch_bounds__(
     }
   }
 
-#ifdef JAX_PAGED_ROW_SPLIT_QUERY_FIRST
-  // Development option (thirty-first session; built, not yet run on a GPU): the row
-  // split loads its query units into registers here, at entry (after warp 0's
-  // first table entries), and stages them where it did (below), so that their
-  // latency overlaps the block-table and length loads instead of following the
-  // first copies. The thirty-first session's trace put ~2 us before the first
-  // copies and ~3.5 us in the query staging of a 64-row CTA's ~6 us start at 512
-  // tokens. (The eighteenth session's form of this, for every kernel but not the
-  // fp8 ones, was no faster at 4096 tokens, where a CTA starts once per 64
-  // tiles.) Units as the staging's: fp8 caches, 16 dims of a row (two 16-byte
-  // loads); else 16 bytes of a row.
-  // Not at four CTAs per SM (head 64): at 128 registers the held units spill.
-  constexpr bool kQueryFirst = C::kRowSplit && C::kCtasPerSm <= 2;
-  using QHeld = std::conditional_t<C::kFp8, QueryChunk, uint4>;
-  constexpr int kQHeldElems = C::kFp8 ? 16 : C::kQX;
-  constexpr int kQHeldUnits = C::kRows * (D / kQHeldElems);
-  constexpr int kQHeld = kQueryFirst ? (kQHeldUnits + kThreads - 1) / kThreads : 1;
-  QHeld q_held[kQHeld];  // unit tid + j * kThreads in q_held[j]
-  if constexpr (kQueryFirst) {
-#pragma unroll
-    for (int j = 0; j < kQHeld; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / (D / kQHeldElems);
-      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.query) +
-                                                        hrow_of(r) * D +
-                                                        (i - r * (D / kQHeldElems)) * kQHeldElems);
-      if constexpr (C::kFp8) {
-        q_held[j] = QueryChunk{zero, zero};
-        if (i < kQHeldUnits && r < rows) q_held[j] = QueryChunk{src[0], src[1]};
-      } else {
-        q_held[j] = zero;
-        if (i < kQHeldUnits && r < rows) q_held[j] = src[0];
-      }
-    }
-  }
-  // The staging's loader then returns unit i's held value (i - tid: a multiple of
-  // kThreads known at compile time in its unrolled loop).
-#define JAX_PAGED_HELD_QUERY_UNIT(i) q_held[((i) - tid) / kThreads]
-#endif
-
   const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BS);
   const int P = p.max_num_partitions;
   // Union of the rows' ranges: qi grows with the row, and so do start and end.
@@ -729,12 +688,7 @@ __global__ void __launch_bounds__(
     } else {
       StageUnitsBatched<kUnits, 4>(
           tid,
-#ifdef JAX_PAGED_ROW_SPLIT_QUERY_FIRST
-          [&](int i) -> QueryChunk {  // (the other kernels load here)
-            if constexpr (kQueryFirst) return JAX_PAGED_HELD_QUERY_UNIT(i);
-#else
           [&](int i) -> QueryChunk {  // zero past `rows`
-#endif
             const int r = i / (D / 16);
             if (r >= rows) return {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
             const uint4* src = reinterpret_cast<const uint4*>(
@@ -798,12 +752,7 @@ __global__ void __launch_bounds__(
     if constexpr (kRowSplit) {
       StageUnitsBatched<C::kRows * kChunks, 16>(
           tid,
-#ifdef JAX_PAGED_ROW_SPLIT_QUERY_FIRST
-          [&](int i) -> uint4 {  // (the four-CTA kernels load here)
-            if constexpr (kQueryFirst) return JAX_PAGED_HELD_QUERY_UNIT(i);
-#else
           [&](int i) -> uint4 {  // chunk i, zero past `rows`
-#endif
             const int r = i / kChunks;
             if (r >= rows) return make_uint4(0u, 0u, 0u, 0u);
             return *reinterpret_cast<const uint4*>(static_cast<const T*>(p.query) + hrow_of(r) * D +
@@ -825,9 +774,6 @@ __global__ void __launch_bounds__(
       }
     }
   }
-#ifdef JAX_PAGED_ROW_SPLIT_QUERY_FIRST
-#undef JAX_PAGED_HELD_QUERY_UNIT
-#endif
   if (warp == 0 && lane < C::kMaxTilePages) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) refill_table_s[i * C::kMaxTilePages + lane] = first_entries[i];

@@ -30,7 +30,8 @@
 # The thirtieth session's first run, with it, profiled three kernels in the ~220 s that
 # its 420 s limit left after the install, and timed out in its first case. So JAX
 # allocates as it goes here (XLA_PYTHON_CLIENT_PREALLOCATE=false), and each case calls
-# each kernel once (--calls 1). Not yet run on the GPU in this form.
+# each kernel once (--calls 1). In this form two kernels at 256 x 32 x 8 x 512 took about 30 s
+# (thirty-second session).
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2

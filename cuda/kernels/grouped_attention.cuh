@@ -308,6 +308,12 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
          ((bits & 4u) ? 0x00FF0000u : 0u) | ((bits & 8u) ? 0xFF000000u : 0u);
 }
 
+// A staging unit of fp8 caches' query rows: 16 dims of a row as two 16-byte
+// loads, source pairs 0-3 (lo) and 4-7 (hi), stored with the pairs permuted.
+struct QueryChunk {
+  uint4 lo, hi;
+};
+
 // Query staging of the row split (32 or 64 rows): units i =
 // tid, tid + kThreads, ... < kN of the rows, stored as store(i, load(i)), with the
 // loads of up to kBatch units issued before their stores, so that they share one
@@ -317,12 +323,6 @@ __device__ __forceinline__ uint32_t ByteMask(uint32_t bits) {
 // GPU suite and benchmarks had not run; twenty-eighth session. The fp8 decode
 // kernels stage QueryChunk units through it since the thirty-first session, which
 // ran their GPU tests and benchmark.)
-// A staging unit of fp8 caches' query rows: 16 dims of a row as two 16-byte
-// loads, source pairs 0-3 (lo) and 4-7 (hi), stored with the pairs permuted.
-struct QueryChunk {
-  uint4 lo, hi;
-};
-
 template <int kN, int kBatch, typename Load, typename Store>
 __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& store) {
   constexpr int kPerThread = (kN + kThreads - 1) / kThreads;
@@ -666,6 +666,11 @@ __global__ void __launch_bounds__(
     // ptxas 13.0 spilled 12-16 bytes there, into its tile loop.
     constexpr bool kPairwise = kRowSplit && C::kCtasPerSm > 2;
     constexpr int kPairs = D / 2;
+    // Logical pair i's word in q_s (row i / kPairs).
+    auto pair_word = [&](int i) -> int {
+      const int r = i / kPairs;
+      return (r * C::kQStride) / 2 + (i - r * kPairs);
+    };
     if constexpr (kPairwise) {
       StageUnitsBatched<C::kRows * kPairs, 8>(
           tid,
@@ -682,8 +687,7 @@ __global__ void __launch_bounds__(
               const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
               amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
             }
-            const int r = i / kPairs;
-            q_words[(r * C::kQStride) / 2 + (i - r * kPairs)] = v;
+            q_words[pair_word(i)] = v;
           });
     } else {
       StageUnitsBatched<kUnits, 4>(
@@ -731,11 +735,8 @@ __global__ void __launch_bounds__(
         return *reinterpret_cast<const uint32_t*>(&h);
       };
       if constexpr (kPairwise) {
-        for (int i = tid; i < C::kRows * kPairs; i += kThreads) {  // this thread's own pairs
-          const int r = i / kPairs;
-          const int idx = (r * C::kQStride) / 2 + (i - r * kPairs);
-          q_words[idx] = to_f16(q_words[idx]);
-        }
+        for (int i = tid; i < C::kRows * kPairs; i += kThreads)  // this thread's own pairs
+          q_words[pair_word(i)] = to_f16(q_words[pair_word(i)]);
       } else {
         for (int i = tid; i < kUnits; i += kThreads) {  // this thread's own units
           uint4* u = reinterpret_cast<uint4*>(q_words + unit_word(i));

@@ -140,6 +140,14 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
+// Global -> shared copy of 4 bytes (cp.async: no registers, no wait until
+// CpAsyncWaitAll, which completes this thread's copies).
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
 // Global -> shared copy of the box at (x, y) of a 2-D tensor map (a
 // __grid_constant__ kernel parameter), completing on the mbarrier's transaction
 // count; the map's swizzle mode lays the box out in shared memory.
@@ -426,7 +434,8 @@ __global__ void __launch_bounds__(
                              kRowBlocks>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
-                           const bool direct_out, const __grid_constant__ CUtensorMap v_map) {
+                           const bool direct_out, const __grid_constant__ CUtensorMap v_map,
+                           const int item_seqs, const int item_parts) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
@@ -459,37 +468,134 @@ __global__ void __launch_bounds__(
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int kv_head = blockIdx.x / group_chunks;
-  const int chunk = blockIdx.x - kv_head * group_chunks;
-  const int seq = seq_base + static_cast<int>(blockIdx.y);
   const int group = p.num_heads / p.num_kv_heads;
   const int q_len = p.q_len;
-  const int row0 = chunk * rows_per_cta;                            // first row (of q_len * group)
-  const int rows = min(rows_per_cta, q_len * group - row0);         // rows here
-  if (rows <= 0) return;
-  // Workspace / out / lse row of local row r: ((seq, qi), head).
-  // (A plain decode step has q_len == 1, so qi == 0: no run-time division in
-  // the query staging and output loops.)
-  auto hrow_of = [&](int r) -> int64_t {
-    const int g = row0 + r;
-    const int qi = kPlain ? 0 : g / group;
-    return (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + kv_head * group +
-           (g - qi * group);
-  };
-
   const int BS = kBlockSize > 0 ? kBlockSize : p.block_size;  // 8, 16 or 32 (checked by the handler)
   // (__ffs of a constant is not folded: the constant case is spelled out.)
   const int log2_bs = kBlockSize > 0 ? Log2(kBlockSize) : __ffs(BS) - 1;
   const int ppt = C::kTile >> log2_bs;  // pages per tile (1..16)
   const int blocks_per_part = p.partition_size >> log2_bs;
-  const int64_t guess_blk64 = static_cast<int64_t>(blockIdx.z) * blocks_per_part;
+  const int P = p.max_num_partitions;
+  // Workspace / out / lse row of local row r of the rows from row0 of (seq, KV head):
+  // ((seq, qi), head). (A plain decode step has q_len == 1, so qi == 0: no run-time
+  // division in the query staging and output loops.)
+  auto hrow_at = [&](int seq_, int kv_head_, int row0_, int r) -> int64_t {
+    const int g = row0_ + r;
+    const int qi = kPlain ? 0 : g / group;
+    return (static_cast<int64_t>(seq_) * q_len + qi) * p.num_heads + kv_head_ * group +
+           (g - qi * group);
+  };
+  // The blocks [start_blk, end_blk) of partition `part` that the rows [row0_, +
+  // rows_) of a sequence of effective length L_ read, for grid partition z of
+  // grid_parts: the union of the rows' ranges (qi grows with the row, and so do
+  // start and end), within the partition. A grid of fewer partitions than the
+  // workspace's (a window, GroupedGridPartitions) counts from the partition of the
+  // rows' first token; one past the table has none (part >= P). Nothing to read
+  // when start_blk >= end_blk.
+  struct Span {
+    int part;
+    int first_start;  // the rows' first token
+    int64_t start_blk;
+    int end_blk;
+  };
+  auto span_of = [&](int L_, int row0_, int rows_, int z, int grid_parts) -> Span {
+    const TokenRange first_range = QueryRowRange(L_, q_len, row0_ / group, p.sliding_window);
+    const TokenRange last_range =
+        QueryRowRange(L_, q_len, (row0_ + rows_ - 1) / group, p.sliding_window);
+    const int part = z + (grid_parts < P ? first_range.start / p.partition_size : 0);
+    const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
+    const int union_end_blk = (last_range.end + BS - 1) >> log2_bs;
+    const int64_t start_blk64 =
+        std::max<int64_t>(part_blk64, static_cast<int64_t>(first_range.start >> log2_bs));
+    const int end_blk = static_cast<int>(
+        std::min<int64_t>(part_blk64 + blocks_per_part, static_cast<int64_t>(union_end_blk)));
+    return Span{part, first_range.start, start_blk64, end_blk};
+  };
+
+  // Persistent CTAs (the wgmma form): a grid of at most kCtasPerSm CTAs per SM
+  // walks the work items (KV head chunk, sequence, partition) = (x, y, z), item
+  // x + items_x (y + item_seqs z), from blockIdx.x in steps of gridDim.x (the
+  // launcher sizes it; a grid of one CTA per item is the classic launch). Their
+  // tiles form one sequence through the stage ring, so that the stages' barrier
+  // phases carry over and the next item's first copies are issued as the current
+  // item's last tiles free their stages, and its query rows are loaded into
+  // registers while the current item writes its output: a CTA's start and end
+  // no longer leave its SM slot without copies in flight (BENCHMARKS.md,
+  // thirty-second and thirty-third sessions). The other kernels: one item per CTA,
+  // (blockIdx.x, blockIdx.y, blockIdx.z).
+  constexpr bool kPersistent = kWgmma;
+  const int items_x = p.num_kv_heads * group_chunks;
+  const int num_items = kPersistent ? items_x * item_seqs * item_parts : 1;
+  // Carried from one item to the next (persistent CTAs): the ring's position;
+  // whether the barriers are initialised; what the previous item prepared for this
+  // one: its effective length (-1: not loaded), its query rows in qa, and (warp 0)
+  // whether its first tiles' copies and table entries were issued (pf_lo: tiles
+  // [pf_lo, kStages) issued, the entries of tiles 0 .. 2 kStages - 1 in pf_table_s;
+  // kStages: nothing prepared).
+  int ring_stage = 0;
+  uint32_t ring_phase = 0;
+  bool bars_ready = false;
+  int carried_L = -1;
+  bool carried_q = false;
+  int carried_pf_lo = kStages;
+  // The warp's 16 query rows as mma A fragments (row split; see below).
+  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
+  uint32_t qa_tail[2];
+  // Persistent CTAs: the query rows [row0_, + rows_) of (seq_, kv_head_) into qa
+  // straight from global memory, zero past rows_: the fragments ldmatrix reads
+  // from staged rows below (this warp's row block, rows gid and gid + 8, dims
+  // 16 ks + 2 tq, + 8).
+  auto load_query_regs = [&](int seq_, int kv_head_, int row0_, int rows_) {
+    if constexpr (kPersistent) {
+      const int lr0 = (warp / C::kSliceGroups) * kMaxRows + (lane >> 2);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int lr = lr0 + 8 * h;
+        const bool ok = lr < rows_;
+        const uint32_t* src =
+            reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) +
+                                              (ok ? hrow_at(seq_, kv_head_, row0_, lr) : 0) * D) +
+            (lane & 3);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) qa[ks][h + 2 * c] = ok ? src[ks * 8 + 4 * c] : 0u;
+      }
+    }
+  };
+  for (int item = kPersistent ? static_cast<int>(blockIdx.x) : 0; item < num_items;
+       item += kPersistent ? static_cast<int>(gridDim.x) : 1) {
+  const int item_x = kPersistent ? item % items_x : static_cast<int>(blockIdx.x);
+  const int item_y = kPersistent ? (item / items_x) % item_seqs : static_cast<int>(blockIdx.y);
+  const int item_z =
+      kPersistent ? item / (items_x * item_seqs) : static_cast<int>(blockIdx.z);
+  const int grid_parts = kPersistent ? item_parts : static_cast<int>(gridDim.z);
+  // What the previous item prepared (see above), reset for the next.
+  const int prepared_L = carried_L;
+  const bool q_prepared = carried_q;
+  const int pf_lo = carried_pf_lo;
+  carried_L = -1;
+  carried_q = false;
+  carried_pf_lo = kStages;
+  // (The classic launch divides blockIdx.x unsigned, as it always has.)
+  const int kv_head = kPersistent ? item_x / group_chunks
+                                  : static_cast<int>(blockIdx.x / group_chunks);
+  const int chunk = item_x - kv_head * group_chunks;
+  const int seq = seq_base + item_y;
+  const int row0 = chunk * rows_per_cta;                            // first row (of q_len * group)
+  const int rows = min(rows_per_cta, q_len * group - row0);         // rows here
+  if (rows <= 0) continue;
+  auto hrow_of = [&](int r) -> int64_t { return hrow_at(seq, kv_head, row0, r); };
+
+  const int64_t guess_blk64 = static_cast<int64_t>(item_z) * blocks_per_part;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
 
   // Warp 0 fetches the first stages' table entries before waiting for
   // seq_lens (independent loads; entries past the sequence are loaded but
   // never used). Right unless a sliding window moves the first block.
+  // (Persistent CTAs: not for an item whose first tiles the previous one issued.)
   int32_t first_entries[kStages];
-  if (warp == 0) {
+  if (warp == 0 && pf_lo == kStages) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
       const int64_t blk = guess_blk64 + i * ppt + lane;
@@ -497,22 +603,13 @@ __global__ void __launch_bounds__(
     }
   }
 
-  const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BS);
-  const int P = p.max_num_partitions;
-  // Union of the rows' ranges: qi grows with the row, and so do start and end.
-  const TokenRange first_range = QueryRowRange(L, q_len, row0 / group, p.sliding_window);
-  const TokenRange last_range = QueryRowRange(L, q_len, (row0 + rows - 1) / group, p.sliding_window);
-  // A grid of fewer partitions than the workspace's (a window, GroupedGridPartitions)
-  // counts from the partition of the rows' first token; one past the table has none.
-  const int part = static_cast<int>(blockIdx.z) +
-                   (static_cast<int>(gridDim.z) < P ? first_range.start / p.partition_size : 0);
-  if (part >= P) return;
-  const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
-  const int union_end_blk = (last_range.end + BS - 1) >> log2_bs;
-  const int64_t start_blk64 =
-      std::max<int64_t>(part_blk64, static_cast<int64_t>(first_range.start >> log2_bs));
-  const int end_blk = static_cast<int>(
-      std::min<int64_t>(part_blk64 + blocks_per_part, static_cast<int64_t>(union_end_blk)));
+  const int L = prepared_L >= 0 ? prepared_L
+                                : EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BS);
+  const Span span = span_of(L, row0, rows, item_z, grid_parts);
+  const int part = span.part;
+  if (part >= P) continue;
+  const int64_t start_blk64 = span.start_blk;
+  const int end_blk = span.end_blk;
 
   if (start_blk64 >= end_blk) {
     // Nothing to attend here: a well-defined empty result, then exit. With a
@@ -532,7 +629,7 @@ __global__ void __launch_bounds__(
         }
       }
     }
-    return;
+    continue;
   }
 
   const int start_blk = static_cast<int>(start_blk64);
@@ -549,22 +646,24 @@ __global__ void __launch_bounds__(
   uint32_t* release_count_s = reinterpret_cast<uint32_t*>(smem + C::kCountOff);
   int32_t* refill_table_s = reinterpret_cast<int32_t*>(smem + C::kTableOff);
 
-  if (tid == 0) {
+  if (!bars_ready) {  // (persistent CTAs: their first item)
+    if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(bar0 + 8 * s, 1);
-      release_count_s[s] = 0u;
+      for (int s = 0; s < kStages; ++s) {
+        MbarInit(bar0 + 8 * s, 1);
+        release_count_s[s] = 0u;
+      }
+      FenceMbarInit();
     }
-    FenceMbarInit();
+    __syncthreads();
+    bars_ready = true;
   }
-  __syncthreads();
 
   // ---- producer (warp 0 for the first stages, then the warp that releases a
   // stage last; lane i < ppt copies page i of a tile) ---------------------------
   const int page_elems = D * BS;
   const uint32_t page_bytes = static_cast<uint32_t>(page_elems * sizeof(TC));
   const int64_t kv_block_stride = static_cast<int64_t>(p.num_kv_heads) * page_elems;
-  const int64_t kv_head_off = static_cast<int64_t>(kv_head) * page_elems;
   const TC* key_cache = static_cast<const TC*>(p.key_cache);
   const TC* value_cache = static_cast<const TC*>(p.value_cache);
 
@@ -572,8 +671,11 @@ __global__ void __launch_bounds__(
     const int blk = start_blk + tile * ppt + lane;
     return (lane < ppt && blk < end_blk) ? table[blk] : -1;
   };
-  // All 32 lanes of the refilling warp call it (ballot).
-  auto issue = [&](int tile, int stage, int32_t entry) {
+  // Tile `tile` of the blocks [start_blk_, end_blk_) of KV head kv_head_ (this
+  // item's, or with persistent CTAs the next one's) into stage `stage`. All 32
+  // lanes of the refilling warp call it (ballot).
+  auto issue_span = [&](int start_blk_, int end_blk_, int kv_head_, int tile, int stage,
+                        int32_t entry) {
 #ifdef JAX_PAGED_PROBE_NO_LOADS
     // Timing probe (development, wrong results): after the first kStages tiles
     // a stage keeps the tile (and page mask) it holds and is re-armed with no
@@ -583,9 +685,9 @@ __global__ void __launch_bounds__(
       return;
     }
 #endif
-    const int blk = start_blk + tile * ppt + lane;
+    const int blk = start_blk_ + tile * ppt + lane;
     const int64_t phys = entry;
-    const bool ok = lane < ppt && blk < end_blk && phys >= 0 && phys < p.num_blocks;
+    const bool ok = lane < ppt && blk < end_blk_ && phys >= 0 && phys < p.num_blocks;
     const uint32_t pages = __ballot_sync(0xffffffffu, ok);
     const uint32_t bar = bar0 + 8 * stage;
     if (lane == 0) {
@@ -594,7 +696,7 @@ __global__ void __launch_bounds__(
     }
     __syncwarp();
     if (ok) {
-      const int64_t src = phys * kv_block_stride + kv_head_off;
+      const int64_t src = phys * kv_block_stride + static_cast<int64_t>(kv_head_) * page_elems;
       const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes +
                            static_cast<uint32_t>(lane) * page_bytes;
       BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
@@ -604,12 +706,15 @@ __global__ void __launch_bounds__(
         // v_map ([rows][BS] with the products' swizzle, EncodeValueTensorMap):
         // it arrives in P.V's operand layout. (The launcher checks that the
         // rows fit an int.)
-        const int v_row = static_cast<int>((phys * p.num_kv_heads + kv_head) * D);
+        const int v_row = static_cast<int>((phys * p.num_kv_heads + kv_head_) * D);
         TensorCopy2dG2S(dst_v, &v_map, 0, v_row, bar);
       } else {
         BulkCopyG2S(dst_v, value_cache + src, page_bytes, bar);
       }
     }
+  };
+  auto issue = [&](int tile, int stage, int32_t entry) {
+    issue_span(start_blk, end_blk, kv_head, tile, stage, entry);
   };
 
   // The table entries of each stage's next refill (tile k + kStages for the stage
@@ -620,31 +725,84 @@ __global__ void __launch_bounds__(
   // has released the refilled tile, so before the stage's next refill reads them.
   int32_t pending_entry = -1;
   int pending_stage = -1;  // warp-uniform; -1: nothing pending
-  int32_t last_first_entry = -1;  // warp 0, C::kQInStage: the last stage's first entry
+  int32_t last_first_entry = -1;  // warp 0, kQInStage: the last stage's first entry
+  // Persistent CTAs: the item's tiles start at stage ring_stage of the ring, and
+  // its query rows go from global memory straight into registers (qa), not
+  // through the last stage (whose copies that would hold back).
+  constexpr bool kQInStage = C::kQInStage && !kPersistent;
+  const int stage0 = kPersistent ? ring_stage : 0;
+  auto ring = [&](int i) -> int {  // the stage of the item's tile i < kStages
+    const int st = stage0 + i;
+    return st >= kStages ? st - kStages : st;
+  };
+  // (Persistent CTAs: the previous item's table entries, in ml_s, which their
+  // epilogue does not use.)
+  int32_t* pf_table_s = reinterpret_cast<int32_t*>(ml_s);  // [2 kStages][kMaxTilePages]
+  static_assert(!kPersistent || 2 * kStages * C::kMaxTilePages * 4 <= C::kMlBytes,
+                "persistent CTAs: the next item's table entries in ml_s");
   if (warp == 0) {
-    if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
+    if (kPersistent && pf_lo < kStages) {
+      // The previous item issued tiles [pf_lo, kStages) and loaded the entries
+      // of tiles 0 .. 2 kStages - 1 (its own copies, complete when it issued).
+      CpAsyncWaitAll();
 #pragma unroll
-      for (int i = 0; i < kStages; ++i) first_entries[i] = load_entry(i);
+      for (int i = 0; i < kStages; ++i) {
+        const int32_t e = lane < C::kMaxTilePages ? pf_table_s[i * C::kMaxTilePages + lane] : -1;
+        if (i < pf_lo && i < ntiles) issue(i, ring(i), e);
+      }
+#pragma unroll
+      for (int i = 0; i < kStages; ++i)  // the second refills, stored below
+        first_entries[i] =
+            lane < C::kMaxTilePages ? pf_table_s[(kStages + i) * C::kMaxTilePages + lane] : -1;
+    } else {
+      if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
+#pragma unroll
+        for (int i = 0; i < kStages; ++i) first_entries[i] = load_entry(i);
+      }
+#pragma unroll
+      for (int i = 0; i < kStages; ++i) {
+        // (The row split stages its query rows in the last stage: that one's
+        // copies wait until the rows are in registers, below.)
+        if (i < ntiles && !(kQInStage && i == kStages - 1)) issue(i, ring(i), first_entries[i]);
+      }
+      if constexpr (kQInStage) last_first_entry = first_entries[kStages - 1];
+#pragma unroll
+      for (int i = 0; i < kStages; ++i)  // the second refills, stored after the query staging
+        first_entries[i] = kStages + i < ntiles ? load_entry(kStages + i) : -1;
     }
-#pragma unroll
-    for (int i = 0; i < kStages; ++i) {
-      // (The row split stages its query rows in the last stage: that one's
-      // copies wait until the rows are in registers, below.)
-      if (i < ntiles && !(C::kQInStage && i == kStages - 1)) issue(i, i, first_entries[i]);
-    }
-    if constexpr (C::kQInStage) last_first_entry = first_entries[kStages - 1];
-#pragma unroll
-    for (int i = 0; i < kStages; ++i)  // the second refills, stored after the query staging
-      first_entries[i] = kStages + i < ntiles ? load_entry(kStages + i) : -1;
   }
 #ifdef JAX_PAGED_TRACE
   t_issued = GlobalTimerNs();
 #endif
   AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
+  // Persistent CTAs: this CTA's next item (its rows; its span once its length,
+  // loaded here, is known), or none (next_L -1).
+  struct NextItem {
+    int kv_head, seq, row0, rows, z;
+  };
+  auto next_item = [&]() -> NextItem {
+    const int n = item + static_cast<int>(gridDim.x);
+    const int x = n % items_x;
+    const int kvh = x / group_chunks;
+    const int r0 = (x - kvh * group_chunks) * rows_per_cta;
+    return NextItem{kvh, seq_base + (n / items_x) % item_seqs, r0,
+                    min(rows_per_cta, q_len * group - r0), n / (items_x * item_seqs)};
+  };
+  int next_L = -1;
+  if constexpr (kPersistent) {
+    if (item + static_cast<int>(gridDim.x) < num_items) {
+      const NextItem n = next_item();
+      if (n.rows > 0) next_L = EffectiveSeqLen(p.seq_lens[n.seq], p.max_blocks_per_seq, BS);
+    }
+  }
+
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
   float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
-  if constexpr (kFp8) {
+  if constexpr (kPersistent) {
+    // (Into registers; usually the previous item has loaded them.)
+    if (!q_prepared) load_query_regs(seq, kv_head, row0, rows);
+  } else if constexpr (kFp8) {
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
     // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
     // Staged per 16-dim chunk of a row (a unit: two 16-byte loads), so that a
@@ -777,7 +935,8 @@ __global__ void __launch_bounds__(
   }
   if (warp == 0 && lane < C::kMaxTilePages) {
 #pragma unroll
-    for (int i = 0; i < kStages; ++i) refill_table_s[i * C::kMaxTilePages + lane] = first_entries[i];
+    for (int i = 0; i < kStages; ++i)
+      refill_table_s[ring(i) * C::kMaxTilePages + lane] = first_entries[i];
   }
   __syncthreads();
 
@@ -967,14 +1126,13 @@ __global__ void __launch_bounds__(
   // decode kernel reloads them per slice: with every warp walking several slices,
   // that was a third of the row split's shared-memory reads). (Not the wide row
   // split, C::kQInRegs false: it reads them per product, from its own buffer.)
-  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
-  uint32_t qa_tail[2];
-  if constexpr (C::kQInRegs) {
+  // (Declared above the item loop; persistent CTAs load them in load_query_regs.)
+  if constexpr (C::kQInRegs && !kPersistent) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) Ldsm4(qa[ks], q_addr + ks * 32);
     if constexpr (D % 16 == 8) Ldsm2(qa_tail, q_addr + (D / 16) * 32);
   }
-  if constexpr (C::kQInStage) {
+  if constexpr (kQInStage) {
     // The query rows were staged in the last stage: once every warp has them in
     // registers, that stage's first copies (the async proxy's writes after
     // these reads).
@@ -1079,9 +1237,9 @@ __global__ void __launch_bounds__(
         m |= static_cast<Mask>(FirstBits<16>(L - (tb + kSubStride * h))) << (16 * h);
     } else {
       m = FirstBits<kSliceTokens>(L - tb);  // contiguous sub-slices
-      // (A plain step's window: no token before its first, first_range.start;
+      // (A plain step's window: no token before its first, span.first_start;
       // without one the start is 0 and this clears nothing.)
-      if constexpr (kPlain) m &= ~FirstBits<kSliceTokens>(first_range.start - tb);
+      if constexpr (kPlain) m &= ~FirstBits<kSliceTokens>(span.first_start - tb);
     }
     Mask page_bits = 0u;
 #pragma unroll
@@ -1123,15 +1281,17 @@ __global__ void __launch_bounds__(
     }
   };
 
-  int stage = 0;
-  uint32_t phase = 0;
+  // (Persistent CTAs: the ring's position and its barriers' phase carry over
+  // from item to item, one tile sequence.)
+  int stage = stage0;
+  uint32_t phase = kPersistent ? ring_phase : 0u;
   Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
   if constexpr (kWgmma) {
-    MbarWait(bar0, 0u);
-    next_mask = tile_mask(0, 0);
-    if (next_mask != 0u) issue_qk(0, s_next);
+    MbarWait(bar0 + 8 * stage, phase);
+    next_mask = tile_mask(0, stage);
+    if (next_mask != 0u) issue_qk(stage, s_next);
     if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
-      zero_v_without_data(0, next_mask);
+      zero_v_without_data(stage, next_mask);
       FenceProxyAsyncShared();  // the zeros, before the tensor cores read V
     }
     __syncthreads();
@@ -1648,6 +1808,39 @@ __global__ void __launch_bounds__(
         pending_stage = stage;
       }
     }
+    if constexpr (kPersistent) {
+      // Warp 0, the next item (if any, and if it reads anything): at the first
+      // tile, the table entries of its tiles 0 .. 2 kStages - 1 into pf_table_s
+      // (cp.async: they arrive while this item computes); then each stage this
+      // item no longer refills takes the next item's tile that the one tile
+      // sequence puts there (tile k + kStages - ntiles).
+      if (refill && next_L >= 0 && (k == 0 || k + kStages >= ntiles)) {
+        const NextItem n = next_item();
+        const Span ns = span_of(next_L, n.row0, n.rows, n.z, grid_parts);
+        if (ns.part < P && ns.start_blk < ns.end_blk) {
+          const int n_start = static_cast<int>(ns.start_blk);
+          if (k == 0 && lane < C::kMaxTilePages) {
+            const int32_t* n_table = p.block_tables + static_cast<int64_t>(n.seq) * p.max_blocks_per_seq;
+#pragma unroll
+            for (int t = 0; t < 2 * kStages; ++t) {
+              const int blk = n_start + t * ppt + lane;
+              int32_t* dst = pf_table_s + t * C::kMaxTilePages + lane;
+              if (lane < ppt && blk < ns.end_blk)
+                CpAsync4(SmemAddr(dst), n_table + blk);
+              else
+                *dst = -1;
+            }
+          }
+          const int j = k + kStages - ntiles;
+          const int n_tiles = (ns.end_blk - n_start + ppt - 1) / ppt;
+          if (j >= 0 && j < n_tiles) {
+            CpAsyncWaitAll();  // (this lane's entries)
+            issue_span(n_start, ns.end_blk, n.kv_head, j, stage,
+                       lane < C::kMaxTilePages ? pf_table_s[j * C::kMaxTilePages + lane] : -1);
+          }
+        }
+      }
+    }
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1u;
@@ -1664,6 +1857,54 @@ __global__ void __launch_bounds__(
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
+  if constexpr (kPersistent) {
+    // The next item's query rows into qa (every product of this item is done),
+    // in flight while this one writes its output; what it finds prepared.
+    if (next_L >= 0) {
+      const NextItem n = next_item();
+      load_query_regs(n.seq, n.kv_head, n.row0, n.rows);
+      carried_L = next_L;
+      carried_q = true;
+      carried_pf_lo = max(0, kStages - ntiles);
+    }
+    ring_stage = stage;
+    ring_phase = phase;
+    // One slice group (each warp holds whole rows: kMergeSlices == 1), so each
+    // lane normalises and writes its own fragments (rows gid, gid + 8 of its row
+    // block; dims 8 n + 2 tq, + 1), with no merge buffer over the stages, which
+    // hold the next item's first tiles by now. The same arithmetic as the
+    // merge below with one slice (its factor exp2(m - m) is 1).
+    static_assert(C::kMergeSlices == 1 && C::kNTiles * 8 == D, "persistent CTAs: one slice group");
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int lr = rb * kMaxRows + gid + 8 * r;
+      if (lr >= rows) continue;
+      const float m_all = m_run[r];
+      const float l_all = l_run[r];
+      const float factor = v_scale / (l_all + 1e-6f);
+      const int64_t hrow = hrow_of(lr);
+      const float m_nat = m_all == -FLT_MAX ? -FLT_MAX : m_all * kLn2;  // (log2 units)
+      if (direct_out) {
+        const float w = l_all / (l_all + 1e-6f);  // V2's reduce of one partition
+        T* out = static_cast<T*>(p.out) + hrow * D + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < C::kNTiles; ++n)
+          *reinterpret_cast<uint32_t*>(out + 8 * n) =
+              PackPair<T>(o[n][2 * r] * factor * w, o[n][2 * r + 1] * factor * w);
+        if (tq == 0 && p.lse != nullptr) p.lse[hrow] = LogSumExp(m_nat, l_all);
+      } else {
+        float* dst = p.tmp_out + (hrow * P + part) * D + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < C::kNTiles; ++n)
+          *reinterpret_cast<float2*>(dst + 8 * n) =
+              make_float2(o[n][2 * r] * factor, o[n][2 * r + 1] * factor);
+        if (tq == 0) {
+          p.max_logits[hrow * P + part] = m_nat;
+          p.exp_sums[hrow * P + part] = l_all;
+        }
+      }
+    }
+  } else {
   if (dsub == 0 && tq == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1775,6 +2016,7 @@ __global__ void __launch_bounds__(
     for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i)
   }
 #undef JAX_PAGED_WRITE_QUAD
+  }  // (kPersistent)
 #ifdef JAX_PAGED_TRACE
   __syncthreads();  // every output of the CTA written
   const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *
@@ -1797,17 +2039,20 @@ __global__ void __launch_bounds__(
     row[11] = t_staged;
   }
 #endif
+  }  // items
 #endif  // JAX_PAGED_GROUPED_SM90
 }
 
 // One instantiation of the kernel with its own once-per-device flags (shared
 // memory limit raised, carveout hint set), its shared memory and rows per CTA.
 struct GroupedInstance {
-  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap);
+  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap, int, int);
   std::atomic<bool>* smem_configured;  // [kMaxDevices]
   std::atomic<bool>* carveout_set;     // [kMaxDevices]
   size_t smem_bytes;                   // GroupedConfig::kSmemBytes
   int max_rows;                        // GroupedConfig::kRows
+  int ctas_per_sm;                     // GroupedConfig::kCtasPerSm
+  bool persistent;                     // its CTAs walk the work items (the wgmma form)
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
@@ -1816,7 +2061,8 @@ GroupedInstance GroupedInstanceOf() {
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows>,
-          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
+          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
+          C::kCtasPerSm, kWgmma};
 }
 
 // Whether the 64-row CTAs run their wgmma form: on compute capability 9.0, the
@@ -1829,6 +2075,14 @@ GroupedInstance GroupedInstanceOf() {
 inline bool WgmmaEnabled(int device) {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA", "0");
   return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
+}
+
+// Whether the wgmma form's persistent CTAs walk the work items in a grid of at
+// most kCtasPerSm per SM, unless JAX_PAGED_PERSISTENT=0 (read once; for A/B runs
+// in one build): then the same kernel runs one CTA per item.
+inline bool PersistentEnabled() {
+  static const bool enabled = !EnvIs("JAX_PAGED_PERSISTENT", "0");
+  return enabled;
 }
 
 // The driver's cuTensorMapEncodeTiled, found once through the runtime (so that
@@ -2028,10 +2282,26 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
   const bool pdl = UseProgrammaticLaunch(device);
-  for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
-    const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), kThreads,
-             g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out, v_map);
+  const int parts = GroupedGridPartitions(p);
+  // Persistent CTAs (g.persistent): a 1-D grid of at most ctas_per_sm per SM over
+  // the items of up to `chunk_seqs` sequences, few enough that their count fits an int
+  // with room for the kernel's item + gridDim.x.
+  const int64_t items_per_seq = int64_t{p.num_kv_heads} * group_chunks * parts;
+  const int chunk_seqs = g.persistent ? static_cast<int>(std::max<int64_t>(
+                                            1, std::min<int64_t>(kMaxGridYZ, (INT_MAX / 2) / items_per_seq)))
+                                      : kMaxGridYZ;
+  for (int base = 0; base < p.num_seqs; base += chunk_seqs) {
+    const int n = std::min(chunk_seqs, p.num_seqs - base);
+    dim3 grid(p.num_kv_heads * group_chunks, n, parts);
+    if (g.persistent) {
+      const int64_t items = items_per_seq * n;
+      const int sms = MultiprocessorCount(device);  // (0 if the query failed)
+      grid = dim3(static_cast<unsigned>(PersistentEnabled() && sms > 0
+                                            ? std::min<int64_t>(items, int64_t{g.ctas_per_sm} * sms)
+                                            : items));
+    }
+    g.kernel<<<grid, kThreads, g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta,
+                                                        direct_out, v_map, n, parts);
     if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;

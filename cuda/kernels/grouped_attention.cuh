@@ -516,53 +516,26 @@ __global__ void __launch_bounds__(
   // walks the work items (KV head chunk, sequence, partition) = (x, y, z), item
   // x + items_x (y + item_seqs z), from blockIdx.x in steps of gridDim.x (the
   // launcher sizes it; a grid of one CTA per item is the classic launch). Their
-  // tiles form one sequence through the stage ring, so that the stages' barrier
-  // phases carry over and the next item's first copies are issued as the current
-  // item's last tiles free their stages, and its query rows are loaded into
-  // registers while the current item writes its output: a CTA's start and end
-  // no longer leave its SM slot without copies in flight (BENCHMARKS.md,
-  // thirty-second and thirty-third sessions). The other kernels: one item per CTA,
-  // (blockIdx.x, blockIdx.y, blockIdx.z).
+  // copies (each item's query rows, then its tiles) form one sequence through the
+  // stage ring, so that the stages' barrier phases carry over and the next item's
+  // query rows and first tiles are copied as the current item's last tiles free
+  // their stages: a CTA's start and end no longer leave its SM slot without copies
+  // in flight (BENCHMARKS.md, thirty-second and thirty-third sessions). The other
+  // kernels: one item per CTA, (blockIdx.x, blockIdx.y, blockIdx.z).
   constexpr bool kPersistent = kWgmma;
   const int items_x = p.num_kv_heads * group_chunks;
   const int num_items = kPersistent ? items_x * item_seqs * item_parts : 1;
   // Carried from one item to the next (persistent CTAs): the ring's position;
   // whether the barriers are initialised; what the previous item prepared for this
-  // one: its effective length (-1: not loaded), its query rows in qa, and (warp 0)
-  // whether its first tiles' copies and table entries were issued (pf_lo: tiles
-  // [pf_lo, kStages) issued, the entries of tiles 0 .. 2 kStages - 1 in pf_table_s;
+  // one: its effective length (-1: not loaded) and (warp 0) which of its first
+  // copies it issued (pf_lo: ring positions [pf_lo, kStages) of the item, see
+  // below, with the table entries of its tiles 0 .. 2 kStages - 1 in pf_table_s;
   // kStages: nothing prepared).
   int ring_stage = 0;
   uint32_t ring_phase = 0;
   bool bars_ready = false;
   int carried_L = -1;
-  bool carried_q = false;
   int carried_pf_lo = kStages;
-  // The warp's 16 query rows as mma A fragments (row split; see below).
-  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
-  uint32_t qa_tail[2];
-  // Persistent CTAs: the query rows [row0_, + rows_) of (seq_, kv_head_) into qa
-  // straight from global memory, zero past rows_: the fragments ldmatrix reads
-  // from staged rows below (this warp's row block, rows gid and gid + 8, dims
-  // 16 ks + 2 tq, + 8).
-  auto load_query_regs = [&](int seq_, int kv_head_, int row0_, int rows_) {
-    if constexpr (kPersistent) {
-      const int lr0 = (warp / C::kSliceGroups) * kMaxRows + (lane >> 2);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lr = lr0 + 8 * h;
-        const bool ok = lr < rows_;
-        const uint32_t* src =
-            reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) +
-                                              (ok ? hrow_at(seq_, kv_head_, row0_, lr) : 0) * D) +
-            (lane & 3);
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) qa[ks][h + 2 * c] = ok ? src[ks * 8 + 4 * c] : 0u;
-      }
-    }
-  };
   for (int item = kPersistent ? static_cast<int>(blockIdx.x) : 0; item < num_items;
        item += kPersistent ? static_cast<int>(gridDim.x) : 1) {
   const int item_x = kPersistent ? item % items_x : static_cast<int>(blockIdx.x);
@@ -572,10 +545,8 @@ __global__ void __launch_bounds__(
   const int grid_parts = kPersistent ? item_parts : static_cast<int>(gridDim.z);
   // What the previous item prepared (see above), reset for the next.
   const int prepared_L = carried_L;
-  const bool q_prepared = carried_q;
   const int pf_lo = carried_pf_lo;
   carried_L = -1;
-  carried_q = false;
   carried_pf_lo = kStages;
   // (The classic launch divides blockIdx.x unsigned, as it always has.)
   const int kv_head = kPersistent ? item_x / group_chunks
@@ -716,6 +687,25 @@ __global__ void __launch_bounds__(
   auto issue = [&](int tile, int stage, int32_t entry) {
     issue_span(start_blk, end_blk, kv_head, tile, stage, entry);
   };
+  // Persistent CTAs: the query rows [row0_, + rows_) of (seq_, kv_head_) into stage
+  // `stage`, one bulk copy per row ([rows][D], unpadded, C::kQStride == D); the rows
+  // past rows_ keep whatever the stage held (their A fragments are zeroed in
+  // registers). All 32 lanes of the issuing warp call it.
+  auto issue_query = [&](int seq_, int kv_head_, int row0_, int rows_, int stage) {
+    if constexpr (kPersistent) {
+      static_assert(C::kQStride == D && C::kRows * D * sizeof(T) <= C::kStageBytes,
+                    "persistent CTAs: the query rows in a stage");
+      constexpr uint32_t kRowBytes = D * sizeof(T);
+      const uint32_t bar = bar0 + 8 * stage;
+      if (lane == 0) MbarArriveExpectTx(bar, static_cast<uint32_t>(rows_) * kRowBytes);
+      __syncwarp();
+      const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
+      for (int r = lane; r < rows_; r += 32)
+        BulkCopyG2S(dst + static_cast<uint32_t>(r) * kRowBytes,
+                    static_cast<const T*>(p.query) + hrow_at(seq_, kv_head_, row0_, r) * D,
+                    kRowBytes, bar);
+    }
+  };
 
   // The table entries of each stage's next refill (tile k + kStages for the stage
   // holding tile k) wait in refill_table_s. A warp that refills a stage loads the
@@ -725,16 +715,24 @@ __global__ void __launch_bounds__(
   // has released the refilled tile, so before the stage's next refill reads them.
   int32_t pending_entry = -1;
   int pending_stage = -1;  // warp-uniform; -1: nothing pending
-  int32_t last_first_entry = -1;  // warp 0, kQInStage: the last stage's first entry
-  // Persistent CTAs: the item's tiles start at stage ring_stage of the ring, and
-  // its query rows go from global memory straight into registers (qa), not
-  // through the last stage (whose copies that would hold back).
+  int32_t last_first_entry = -1;  // warp 0, kQInStage / kPersistent: see below
+  // Persistent CTAs: an item takes ntiles + 1 positions of the ring, from stage
+  // ring_stage: its query rows (position 0, copied by the tensor memory
+  // accelerator like the pages), then its tiles (tile k at position 1 + k), so
+  // that the next item's query rows arrive during this item's last tiles, as its
+  // first pages do. Position 0's stage takes tile kStages - 1 once the rows are in
+  // registers (as the last stage does with kQInStage).
   constexpr bool kQInStage = C::kQInStage && !kPersistent;
   const int stage0 = kPersistent ? ring_stage : 0;
-  auto ring = [&](int i) -> int {  // the stage of the item's tile i < kStages
+  auto ring = [&](int i) -> int {  // the stage of position i <= kStages
     const int st = stage0 + i;
     return st >= kStages ? st - kStages : st;
   };
+  auto ring_phase_of = [&](int i) -> uint32_t {  // its barrier's phase
+    return (kPersistent ? ring_phase : 0u) ^ (stage0 + i >= kStages ? 1u : 0u);
+  };
+  // The stage of tile i < kStages: position i (position 1 + i, persistent CTAs).
+  auto tile_stage = [&](int i) -> int { return ring(kPersistent ? 1 + i : i); };
   // (Persistent CTAs: the previous item's table entries, in ml_s, which their
   // epilogue does not use.)
   int32_t* pf_table_s = reinterpret_cast<int32_t*>(ml_s);  // [2 kStages][kMaxTilePages]
@@ -742,14 +740,17 @@ __global__ void __launch_bounds__(
                 "persistent CTAs: the next item's table entries in ml_s");
   if (warp == 0) {
     if (kPersistent && pf_lo < kStages) {
-      // The previous item issued tiles [pf_lo, kStages) and loaded the entries
+      // The previous item issued positions [pf_lo, kStages) and loaded the entries
       // of tiles 0 .. 2 kStages - 1 (its own copies, complete when it issued).
       CpAsyncWaitAll();
+      if (pf_lo > 0) issue_query(seq, kv_head, row0, rows, ring(0));
 #pragma unroll
-      for (int i = 0; i < kStages; ++i) {
+      for (int i = 0; i + 1 < kStages; ++i) {
         const int32_t e = lane < C::kMaxTilePages ? pf_table_s[i * C::kMaxTilePages + lane] : -1;
-        if (i < pf_lo && i < ntiles) issue(i, ring(i), e);
+        if (i + 1 < pf_lo && i < ntiles) issue(i, ring(1 + i), e);
       }
+      last_first_entry =
+          lane < C::kMaxTilePages ? pf_table_s[(kStages - 1) * C::kMaxTilePages + lane] : -1;
 #pragma unroll
       for (int i = 0; i < kStages; ++i)  // the second refills, stored below
         first_entries[i] =
@@ -759,13 +760,17 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int i = 0; i < kStages; ++i) first_entries[i] = load_entry(i);
       }
+      if constexpr (kPersistent) issue_query(seq, kv_head, row0, rows, ring(0));
+      // (The row split stages its query rows in the last stage, persistent CTAs copy
+      // them to position 0: tile kStages - 1's copies wait until the rows are in
+      // registers, below.)
+      constexpr bool kLastTileLater = kQInStage || kPersistent;
 #pragma unroll
       for (int i = 0; i < kStages; ++i) {
-        // (The row split stages its query rows in the last stage: that one's
-        // copies wait until the rows are in registers, below.)
-        if (i < ntiles && !(kQInStage && i == kStages - 1)) issue(i, ring(i), first_entries[i]);
+        if (i < ntiles && !(kLastTileLater && i == kStages - 1))
+          issue(i, tile_stage(i), first_entries[i]);
       }
-      if constexpr (kQInStage) last_first_entry = first_entries[kStages - 1];
+      if constexpr (kLastTileLater) last_first_entry = first_entries[kStages - 1];
 #pragma unroll
       for (int i = 0; i < kStages; ++i)  // the second refills, stored after the query staging
         first_entries[i] = kStages + i < ntiles ? load_entry(kStages + i) : -1;
@@ -800,8 +805,7 @@ __global__ void __launch_bounds__(
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
   float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
   if constexpr (kPersistent) {
-    // (Into registers; usually the previous item has loaded them.)
-    if (!q_prepared) load_query_regs(seq, kv_head, row0, rows);
+    // (Copied into position 0's stage above, or by the previous item.)
   } else if constexpr (kFp8) {
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
     // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
@@ -936,7 +940,7 @@ __global__ void __launch_bounds__(
   if (warp == 0 && lane < C::kMaxTilePages) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i)
-      refill_table_s[ring(i) * C::kMaxTilePages + lane] = first_entries[i];
+      refill_table_s[tile_stage(i) * C::kMaxTilePages + lane] = first_entries[i];
   }
   __syncthreads();
 
@@ -1126,8 +1130,27 @@ __global__ void __launch_bounds__(
   // decode kernel reloads them per slice: with every warp walking several slices,
   // that was a third of the row split's shared-memory reads). (Not the wide row
   // split, C::kQInRegs false: it reads them per product, from its own buffer.)
-  // (Declared above the item loop; persistent CTAs load them in load_query_regs.)
-  if constexpr (C::kQInRegs && !kPersistent) {
+  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
+  uint32_t qa_tail[2];
+  if constexpr (kPersistent) {
+    // The rows arrived in position 0's stage; the rows past `rows` hold stale bytes
+    // there (NaN, say), so their fragments are zeroed. Then that stage's copies.
+    MbarWait(bar0 + 8 * ring(0), ring_phase_of(0));
+    const uint32_t q_stage_addr =
+        q_addr - SmemAddr(q_s) + stages_addr + static_cast<uint32_t>(ring(0)) * C::kStageBytes;
+    const bool lo_row = rb * kMaxRows + gid < rows, hi_row = rb * kMaxRows + gid + 8 < rows;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      Ldsm4(qa[ks], q_stage_addr + ks * 32);
+      qa[ks][0] = lo_row ? qa[ks][0] : 0u;  // (row gid: registers 0 and 2; gid + 8: 1 and 3)
+      qa[ks][2] = lo_row ? qa[ks][2] : 0u;
+      qa[ks][1] = hi_row ? qa[ks][1] : 0u;
+      qa[ks][3] = hi_row ? qa[ks][3] : 0u;
+    }
+    FenceProxyAsyncShared();
+    __syncthreads();
+    if (warp == 0 && kStages - 1 < ntiles) issue(kStages - 1, ring(0), last_first_entry);
+  } else if constexpr (C::kQInRegs) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) Ldsm4(qa[ks], q_addr + ks * 32);
     if constexpr (D % 16 == 8) Ldsm2(qa_tail, q_addr + (D / 16) * 32);
@@ -1283,8 +1306,8 @@ __global__ void __launch_bounds__(
 
   // (Persistent CTAs: the ring's position and its barriers' phase carry over
   // from item to item, one tile sequence.)
-  int stage = stage0;
-  uint32_t phase = kPersistent ? ring_phase : 0u;
+  int stage = tile_stage(0);
+  uint32_t phase = ring_phase_of(kPersistent ? 1 : 0);
   Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
   if constexpr (kWgmma) {
     MbarWait(bar0 + 8 * stage, phase);
@@ -1812,8 +1835,9 @@ __global__ void __launch_bounds__(
       // Warp 0, the next item (if any, and if it reads anything): at the first
       // tile, the table entries of its tiles 0 .. 2 kStages - 1 into pf_table_s
       // (cp.async: they arrive while this item computes); then each stage this
-      // item no longer refills takes the next item's tile that the one tile
-      // sequence puts there (tile k + kStages - ntiles).
+      // item no longer refills takes the next item's position that the one ring
+      // sequence puts there (position k + kStages - ntiles: its query rows, then
+      // its tiles).
       if (refill && next_L >= 0 && (k == 0 || k + kStages >= ntiles)) {
         const NextItem n = next_item();
         const Span ns = span_of(next_L, n.row0, n.rows, n.z, grid_parts);
@@ -1831,12 +1855,15 @@ __global__ void __launch_bounds__(
                 *dst = -1;
             }
           }
+          // (Position j of the next item: its query rows, or its tile j - 1.)
           const int j = k + kStages - ntiles;
           const int n_tiles = (ns.end_blk - n_start + ppt - 1) / ppt;
-          if (j >= 0 && j < n_tiles) {
+          if (j == 0) {
+            issue_query(n.seq, n.kv_head, n.row0, n.rows, stage);
+          } else if (j > 0 && j - 1 < n_tiles) {
             CpAsyncWaitAll();  // (this lane's entries)
-            issue_span(n_start, ns.end_blk, n.kv_head, j, stage,
-                       lane < C::kMaxTilePages ? pf_table_s[j * C::kMaxTilePages + lane] : -1);
+            issue_span(n_start, ns.end_blk, n.kv_head, j - 1, stage,
+                       lane < C::kMaxTilePages ? pf_table_s[(j - 1) * C::kMaxTilePages + lane] : -1);
           }
         }
       }
@@ -1858,13 +1885,10 @@ __global__ void __launch_bounds__(
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
   if constexpr (kPersistent) {
-    // The next item's query rows into qa (every product of this item is done),
-    // in flight while this one writes its output; what it finds prepared.
+    // What the next item finds prepared: its length, and the positions its tiles
+    // released here took (the stages of positions 1 .. ntiles).
     if (next_L >= 0) {
-      const NextItem n = next_item();
-      load_query_regs(n.seq, n.kv_head, n.row0, n.rows);
       carried_L = next_L;
-      carried_q = true;
       carried_pf_lo = max(0, kStages - ntiles);
     }
     ring_stage = stage;
@@ -1872,7 +1896,7 @@ __global__ void __launch_bounds__(
     // One slice group (each warp holds whole rows: kMergeSlices == 1), so each
     // lane normalises and writes its own fragments (rows gid, gid + 8 of its row
     // block; dims 8 n + 2 tq, + 1), with no merge buffer over the stages, which
-    // hold the next item's first tiles by now. The same arithmetic as the
+    // hold the next item's query rows and first tiles by now. The same arithmetic as the
     // merge below with one slice (its factor exp2(m - m) is 1).
     static_assert(C::kMergeSlices == 1 && C::kNTiles * 8 == D, "persistent CTAs: one slice group");
 #pragma unroll

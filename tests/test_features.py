@@ -994,18 +994,18 @@ def _attend_on_poisoned_memory(inp, **kwargs):
 @pytest.mark.parametrize("head_size,block_size,cache_dtype", [
     (128, 16, jnp.bfloat16), (128, 8, jnp.bfloat16), (128, 32, jnp.float16),
     (96, 16, jnp.float16)])
-def test_gpu_persistent_ctas_walk_many_items(head_size, block_size, cache_dtype, monkeypatch):
-    """The wgmma form's persistent CTAs (H100 / H200; elsewhere, or with
-    JAX_PAGED_WGMMA=0, the mma.sync row split): 120 sequences x 8 KV heads x up to 3
-    partitions at q_len 16 are ~2900 work items over at most two CTAs per SM, so each CTA
-    walks ~11 items, with the next item's first copies issued during the current one's
-    last tiles, through every ring position and barrier phase. Lengths include 0 (items
-    with nothing to read, between items that read), 1, page, tile and partition edges;
-    the lengths are shuffled so that consecutive items of a CTA differ; NaN in every
-    unused cache slot and (best effort) in the output's memory; plain, LSE with a soft
-    cap, a window (fewer partitions in the grid), 48 rows (q_len 12), and 256-token
-    partitions (the partition rule patched: the workspace and V2's reduce, ~5 partitions
-    per sequence, where the rule itself splits only grids of fewer items than CTA slots)."""
+def test_gpu_row_split_many_items(head_size, block_size, cache_dtype, monkeypatch):
+    """The 64-row CTAs over ~2900 work items (120 sequences x 8 KV heads x up to 3
+    partitions at q_len 16; on an H100 / H200 the wgmma form, whose query rows go from
+    global memory straight into registers and whose output is written from registers).
+    Lengths include 0 (items with nothing to read, among items that read), 1, page,
+    tile and partition edges, shuffled; NaN in every unused cache slot and (best
+    effort) in the output's memory; plain, LSE with a soft cap, a window (fewer
+    partitions in the grid), 48 rows (q_len 12, the fourth warp's rows empty), and
+    256-token partitions (the partition rule patched: the workspace and V2's reduce,
+    ~5 partitions per sequence, where the rule itself splits only grids of fewer items
+    than CTA slots). (Written for the thirty-third session's persistent CTAs, whose
+    CTAs walked many items each; kept for the items' edge cases.)"""
     rng = np.random.default_rng(head_size * block_size + 7)
     edges = [0, 0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 511, 512, 513, 1024, 1100]
     lens = np.concatenate([edges, rng.integers(0, 1100, size=120 - len(edges))])
@@ -1023,7 +1023,7 @@ def test_gpu_persistent_ctas_walk_many_items(head_size, block_size, cache_dtype,
                 (got, lse), (want, want_lse) = got, want
                 np.testing.assert_allclose(np.asarray(lse), want_lse, atol=2e-5, rtol=2e-5)
             # (assert_close also fails on NaN: an output the kernel did not write.)
-            assert_close(got, want, inp.query.dtype, f"persistent CTAs {kwargs}")
+            assert_close(got, want, inp.query.dtype, f"row split, many items {kwargs}")
     # (partition_size=1024 only keys this call apart from the ones above: the grouped
     # kernel takes the rule's size.)
     monkeypatch.setattr(primitives, "grouped_partition_size", lambda *args, **kw: 256)
@@ -1031,7 +1031,7 @@ def test_gpu_persistent_ctas_walk_many_items(head_size, block_size, cache_dtype,
     want, want_lse = reference_on_cpu(reference.paged_attention, *inp.args(), impl="v2",
                                       partition_size=256, return_lse=True)
     np.testing.assert_allclose(np.asarray(lse), want_lse, atol=2e-5, rtol=2e-5)
-    assert_close(got, want, inp.query.dtype, "persistent CTAs, 256-token partitions")
+    assert_close(got, want, inp.query.dtype, "row split, 256-token partitions")
 
 
 @requires_gpu

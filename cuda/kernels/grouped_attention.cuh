@@ -140,14 +140,6 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
-// Global -> shared copy of 4 bytes (cp.async: no registers, no wait until
-// CpAsyncWaitAll, which completes this thread's copies).
-__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void CpAsyncWaitAll() {
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
 // Global -> shared copy of the box at (x, y) of a 2-D tensor map (a
 // __grid_constant__ kernel parameter), completing on the mbarrier's transaction
 // count; the map's swizzle mode lays the box out in shared memory.
@@ -434,8 +426,7 @@ __global__ void __launch_bounds__(
                              kRowBlocks>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
-                           const bool direct_out, const __grid_constant__ CUtensorMap v_map,
-                           const int item_seqs, const int item_parts) {
+                           const bool direct_out, const __grid_constant__ CUtensorMap v_map) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
@@ -468,105 +459,37 @@ __global__ void __launch_bounds__(
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
+  const int kv_head = blockIdx.x / group_chunks;
+  const int chunk = blockIdx.x - kv_head * group_chunks;
+  const int seq = seq_base + static_cast<int>(blockIdx.y);
   const int group = p.num_heads / p.num_kv_heads;
   const int q_len = p.q_len;
+  const int row0 = chunk * rows_per_cta;                            // first row (of q_len * group)
+  const int rows = min(rows_per_cta, q_len * group - row0);         // rows here
+  if (rows <= 0) return;
+  // Workspace / out / lse row of local row r: ((seq, qi), head).
+  // (A plain decode step has q_len == 1, so qi == 0: no run-time division in
+  // the query staging and output loops.)
+  auto hrow_of = [&](int r) -> int64_t {
+    const int g = row0 + r;
+    const int qi = kPlain ? 0 : g / group;
+    return (static_cast<int64_t>(seq) * q_len + qi) * p.num_heads + kv_head * group +
+           (g - qi * group);
+  };
+
   const int BS = kBlockSize > 0 ? kBlockSize : p.block_size;  // 8, 16 or 32 (checked by the handler)
   // (__ffs of a constant is not folded: the constant case is spelled out.)
   const int log2_bs = kBlockSize > 0 ? Log2(kBlockSize) : __ffs(BS) - 1;
   const int ppt = C::kTile >> log2_bs;  // pages per tile (1..16)
   const int blocks_per_part = p.partition_size >> log2_bs;
-  const int P = p.max_num_partitions;
-  // Workspace / out / lse row of local row r of the rows from row0 of (seq, KV head):
-  // ((seq, qi), head). (A plain decode step has q_len == 1, so qi == 0: no run-time
-  // division in the query staging and output loops.)
-  auto hrow_at = [&](int seq_, int kv_head_, int row0_, int r) -> int64_t {
-    const int g = row0_ + r;
-    const int qi = kPlain ? 0 : g / group;
-    return (static_cast<int64_t>(seq_) * q_len + qi) * p.num_heads + kv_head_ * group +
-           (g - qi * group);
-  };
-  // The blocks [start_blk, end_blk) of partition `part` that the rows [row0_, +
-  // rows_) of a sequence of effective length L_ read, for grid partition z of
-  // grid_parts: the union of the rows' ranges (qi grows with the row, and so do
-  // start and end), within the partition. A grid of fewer partitions than the
-  // workspace's (a window, GroupedGridPartitions) counts from the partition of the
-  // rows' first token; one past the table has none (part >= P). Nothing to read
-  // when start_blk >= end_blk.
-  struct Span {
-    int part;
-    int first_start;  // the rows' first token
-    int64_t start_blk;
-    int end_blk;
-  };
-  auto span_of = [&](int L_, int row0_, int rows_, int z, int grid_parts) -> Span {
-    const TokenRange first_range = QueryRowRange(L_, q_len, row0_ / group, p.sliding_window);
-    const TokenRange last_range =
-        QueryRowRange(L_, q_len, (row0_ + rows_ - 1) / group, p.sliding_window);
-    const int part = z + (grid_parts < P ? first_range.start / p.partition_size : 0);
-    const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
-    const int union_end_blk = (last_range.end + BS - 1) >> log2_bs;
-    const int64_t start_blk64 =
-        std::max<int64_t>(part_blk64, static_cast<int64_t>(first_range.start >> log2_bs));
-    const int end_blk = static_cast<int>(
-        std::min<int64_t>(part_blk64 + blocks_per_part, static_cast<int64_t>(union_end_blk)));
-    return Span{part, first_range.start, start_blk64, end_blk};
-  };
-
-  // Persistent CTAs (the wgmma form): a grid of at most kCtasPerSm CTAs per SM
-  // walks the work items (KV head chunk, sequence, partition) = (x, y, z), item
-  // x + items_x (y + item_seqs z), from blockIdx.x in steps of gridDim.x (the
-  // launcher sizes it; a grid of one CTA per item is the classic launch). Their
-  // copies (each item's query rows, then its tiles) form one sequence through the
-  // stage ring, so that the stages' barrier phases carry over and the next item's
-  // query rows and first tiles are copied as the current item's last tiles free
-  // their stages: a CTA's start and end no longer leave its SM slot without copies
-  // in flight (BENCHMARKS.md, thirty-second and thirty-third sessions). The other
-  // kernels: one item per CTA, (blockIdx.x, blockIdx.y, blockIdx.z).
-  constexpr bool kPersistent = kWgmma;
-  const int items_x = p.num_kv_heads * group_chunks;
-  const int num_items = kPersistent ? items_x * item_seqs * item_parts : 1;
-  // Carried from one item to the next (persistent CTAs): the ring's position;
-  // whether the barriers are initialised; what the previous item prepared for this
-  // one: its effective length (-1: not loaded) and (warp 0) which of its first
-  // copies it issued (pf_lo: ring positions [pf_lo, kStages) of the item, see
-  // below, with the table entries of its tiles 0 .. 2 kStages - 1 in pf_table_s;
-  // kStages: nothing prepared).
-  int ring_stage = 0;
-  uint32_t ring_phase = 0;
-  bool bars_ready = false;
-  int carried_L = -1;
-  int carried_pf_lo = kStages;
-  for (int item = kPersistent ? static_cast<int>(blockIdx.x) : 0; item < num_items;
-       item += kPersistent ? static_cast<int>(gridDim.x) : 1) {
-  const int item_x = kPersistent ? item % items_x : static_cast<int>(blockIdx.x);
-  const int item_y = kPersistent ? (item / items_x) % item_seqs : static_cast<int>(blockIdx.y);
-  const int item_z =
-      kPersistent ? item / (items_x * item_seqs) : static_cast<int>(blockIdx.z);
-  const int grid_parts = kPersistent ? item_parts : static_cast<int>(gridDim.z);
-  // What the previous item prepared (see above), reset for the next.
-  const int prepared_L = carried_L;
-  const int pf_lo = carried_pf_lo;
-  carried_L = -1;
-  carried_pf_lo = kStages;
-  // (The classic launch divides blockIdx.x unsigned, as it always has.)
-  const int kv_head = kPersistent ? item_x / group_chunks
-                                  : static_cast<int>(blockIdx.x / group_chunks);
-  const int chunk = item_x - kv_head * group_chunks;
-  const int seq = seq_base + item_y;
-  const int row0 = chunk * rows_per_cta;                            // first row (of q_len * group)
-  const int rows = min(rows_per_cta, q_len * group - row0);         // rows here
-  if (rows <= 0) continue;
-  auto hrow_of = [&](int r) -> int64_t { return hrow_at(seq, kv_head, row0, r); };
-
-  const int64_t guess_blk64 = static_cast<int64_t>(item_z) * blocks_per_part;
+  const int64_t guess_blk64 = static_cast<int64_t>(blockIdx.z) * blocks_per_part;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
 
   // Warp 0 fetches the first stages' table entries before waiting for
   // seq_lens (independent loads; entries past the sequence are loaded but
   // never used). Right unless a sliding window moves the first block.
-  // (Persistent CTAs: not for an item whose first tiles the previous one issued.)
   int32_t first_entries[kStages];
-  if (warp == 0 && pf_lo == kStages) {
+  if (warp == 0) {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
       const int64_t blk = guess_blk64 + i * ppt + lane;
@@ -574,13 +497,22 @@ __global__ void __launch_bounds__(
     }
   }
 
-  const int L = prepared_L >= 0 ? prepared_L
-                                : EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BS);
-  const Span span = span_of(L, row0, rows, item_z, grid_parts);
-  const int part = span.part;
-  if (part >= P) continue;
-  const int64_t start_blk64 = span.start_blk;
-  const int end_blk = span.end_blk;
+  const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BS);
+  const int P = p.max_num_partitions;
+  // Union of the rows' ranges: qi grows with the row, and so do start and end.
+  const TokenRange first_range = QueryRowRange(L, q_len, row0 / group, p.sliding_window);
+  const TokenRange last_range = QueryRowRange(L, q_len, (row0 + rows - 1) / group, p.sliding_window);
+  // A grid of fewer partitions than the workspace's (a window, GroupedGridPartitions)
+  // counts from the partition of the rows' first token; one past the table has none.
+  const int part = static_cast<int>(blockIdx.z) +
+                   (static_cast<int>(gridDim.z) < P ? first_range.start / p.partition_size : 0);
+  if (part >= P) return;
+  const int64_t part_blk64 = static_cast<int64_t>(part) * blocks_per_part;
+  const int union_end_blk = (last_range.end + BS - 1) >> log2_bs;
+  const int64_t start_blk64 =
+      std::max<int64_t>(part_blk64, static_cast<int64_t>(first_range.start >> log2_bs));
+  const int end_blk = static_cast<int>(
+      std::min<int64_t>(part_blk64 + blocks_per_part, static_cast<int64_t>(union_end_blk)));
 
   if (start_blk64 >= end_blk) {
     // Nothing to attend here: a well-defined empty result, then exit. With a
@@ -600,7 +532,7 @@ __global__ void __launch_bounds__(
         }
       }
     }
-    continue;
+    return;
   }
 
   const int start_blk = static_cast<int>(start_blk64);
@@ -617,24 +549,22 @@ __global__ void __launch_bounds__(
   uint32_t* release_count_s = reinterpret_cast<uint32_t*>(smem + C::kCountOff);
   int32_t* refill_table_s = reinterpret_cast<int32_t*>(smem + C::kTableOff);
 
-  if (!bars_ready) {  // (persistent CTAs: their first item)
-    if (tid == 0) {
+  if (tid == 0) {
 #pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        MbarInit(bar0 + 8 * s, 1);
-        release_count_s[s] = 0u;
-      }
-      FenceMbarInit();
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(bar0 + 8 * s, 1);
+      release_count_s[s] = 0u;
     }
-    __syncthreads();
-    bars_ready = true;
+    FenceMbarInit();
   }
+  __syncthreads();
 
   // ---- producer (warp 0 for the first stages, then the warp that releases a
   // stage last; lane i < ppt copies page i of a tile) ---------------------------
   const int page_elems = D * BS;
   const uint32_t page_bytes = static_cast<uint32_t>(page_elems * sizeof(TC));
   const int64_t kv_block_stride = static_cast<int64_t>(p.num_kv_heads) * page_elems;
+  const int64_t kv_head_off = static_cast<int64_t>(kv_head) * page_elems;
   const TC* key_cache = static_cast<const TC*>(p.key_cache);
   const TC* value_cache = static_cast<const TC*>(p.value_cache);
 
@@ -642,11 +572,8 @@ __global__ void __launch_bounds__(
     const int blk = start_blk + tile * ppt + lane;
     return (lane < ppt && blk < end_blk) ? table[blk] : -1;
   };
-  // Tile `tile` of the blocks [start_blk_, end_blk_) of KV head kv_head_ (this
-  // item's, or with persistent CTAs the next one's) into stage `stage`. All 32
-  // lanes of the refilling warp call it (ballot).
-  auto issue_span = [&](int start_blk_, int end_blk_, int kv_head_, int tile, int stage,
-                        int32_t entry) {
+  // All 32 lanes of the refilling warp call it (ballot).
+  auto issue = [&](int tile, int stage, int32_t entry) {
 #ifdef JAX_PAGED_PROBE_NO_LOADS
     // Timing probe (development, wrong results): after the first kStages tiles
     // a stage keeps the tile (and page mask) it holds and is re-armed with no
@@ -656,9 +583,9 @@ __global__ void __launch_bounds__(
       return;
     }
 #endif
-    const int blk = start_blk_ + tile * ppt + lane;
+    const int blk = start_blk + tile * ppt + lane;
     const int64_t phys = entry;
-    const bool ok = lane < ppt && blk < end_blk_ && phys >= 0 && phys < p.num_blocks;
+    const bool ok = lane < ppt && blk < end_blk && phys >= 0 && phys < p.num_blocks;
     const uint32_t pages = __ballot_sync(0xffffffffu, ok);
     const uint32_t bar = bar0 + 8 * stage;
     if (lane == 0) {
@@ -667,7 +594,7 @@ __global__ void __launch_bounds__(
     }
     __syncwarp();
     if (ok) {
-      const int64_t src = phys * kv_block_stride + static_cast<int64_t>(kv_head_) * page_elems;
+      const int64_t src = phys * kv_block_stride + kv_head_off;
       const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes +
                            static_cast<uint32_t>(lane) * page_bytes;
       BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
@@ -677,33 +604,11 @@ __global__ void __launch_bounds__(
         // v_map ([rows][BS] with the products' swizzle, EncodeValueTensorMap):
         // it arrives in P.V's operand layout. (The launcher checks that the
         // rows fit an int.)
-        const int v_row = static_cast<int>((phys * p.num_kv_heads + kv_head_) * D);
+        const int v_row = static_cast<int>((phys * p.num_kv_heads + kv_head) * D);
         TensorCopy2dG2S(dst_v, &v_map, 0, v_row, bar);
       } else {
         BulkCopyG2S(dst_v, value_cache + src, page_bytes, bar);
       }
-    }
-  };
-  auto issue = [&](int tile, int stage, int32_t entry) {
-    issue_span(start_blk, end_blk, kv_head, tile, stage, entry);
-  };
-  // Persistent CTAs: the query rows [row0_, + rows_) of (seq_, kv_head_) into stage
-  // `stage`, one bulk copy per row ([rows][D], unpadded, C::kQStride == D); the rows
-  // past rows_ keep whatever the stage held (their A fragments are zeroed in
-  // registers). All 32 lanes of the issuing warp call it.
-  auto issue_query = [&](int seq_, int kv_head_, int row0_, int rows_, int stage) {
-    if constexpr (kPersistent) {
-      static_assert(C::kQStride == D && C::kRows * D * sizeof(T) <= C::kStageBytes,
-                    "persistent CTAs: the query rows in a stage");
-      constexpr uint32_t kRowBytes = D * sizeof(T);
-      const uint32_t bar = bar0 + 8 * stage;
-      if (lane == 0) MbarArriveExpectTx(bar, static_cast<uint32_t>(rows_) * kRowBytes);
-      __syncwarp();
-      const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
-      for (int r = lane; r < rows_; r += 32)
-        BulkCopyG2S(dst + static_cast<uint32_t>(r) * kRowBytes,
-                    static_cast<const T*>(p.query) + hrow_at(seq_, kv_head_, row0_, r) * D,
-                    kRowBytes, bar);
     }
   };
 
@@ -715,97 +620,60 @@ __global__ void __launch_bounds__(
   // has released the refilled tile, so before the stage's next refill reads them.
   int32_t pending_entry = -1;
   int pending_stage = -1;  // warp-uniform; -1: nothing pending
-  int32_t last_first_entry = -1;  // warp 0, kQInStage / kPersistent: see below
-  // Persistent CTAs: an item takes ntiles + 1 positions of the ring, from stage
-  // ring_stage: its query rows (position 0, copied by the tensor memory
-  // accelerator like the pages), then its tiles (tile k at position 1 + k), so
-  // that the next item's query rows arrive during this item's last tiles, as its
-  // first pages do. Position 0's stage takes tile kStages - 1 once the rows are in
-  // registers (as the last stage does with kQInStage).
-  constexpr bool kQInStage = C::kQInStage && !kPersistent;
-  const int stage0 = kPersistent ? ring_stage : 0;
-  auto ring = [&](int i) -> int {  // the stage of position i <= kStages
-    const int st = stage0 + i;
-    return st >= kStages ? st - kStages : st;
-  };
-  auto ring_phase_of = [&](int i) -> uint32_t {  // its barrier's phase
-    return (kPersistent ? ring_phase : 0u) ^ (stage0 + i >= kStages ? 1u : 0u);
-  };
-  // The stage of tile i < kStages: position i (position 1 + i, persistent CTAs).
-  auto tile_stage = [&](int i) -> int { return ring(kPersistent ? 1 + i : i); };
-  // (Persistent CTAs: the previous item's table entries, in ml_s, which their
-  // epilogue does not use.)
-  int32_t* pf_table_s = reinterpret_cast<int32_t*>(ml_s);  // [2 kStages][kMaxTilePages]
-  static_assert(!kPersistent || 2 * kStages * C::kMaxTilePages * 4 <= C::kMlBytes,
-                "persistent CTAs: the next item's table entries in ml_s");
+  int32_t last_first_entry = -1;  // warp 0, kQInStage: the last stage's first entry
+  // The wgmma form loads its query rows straight into registers (below), so its
+  // last stage's first copies need not wait for them.
+  constexpr bool kQInStage = C::kQInStage && !kWgmma;
   if (warp == 0) {
-    if (kPersistent && pf_lo < kStages) {
-      // The previous item issued positions [pf_lo, kStages) and loaded the entries
-      // of tiles 0 .. 2 kStages - 1 (its own copies, complete when it issued).
-      CpAsyncWaitAll();
-      if (pf_lo > 0) issue_query(seq, kv_head, row0, rows, ring(0));
+    if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
-      for (int i = 0; i + 1 < kStages; ++i) {
-        const int32_t e = lane < C::kMaxTilePages ? pf_table_s[i * C::kMaxTilePages + lane] : -1;
-        if (i + 1 < pf_lo && i < ntiles) issue(i, ring(1 + i), e);
-      }
-      last_first_entry =
-          lane < C::kMaxTilePages ? pf_table_s[(kStages - 1) * C::kMaxTilePages + lane] : -1;
-#pragma unroll
-      for (int i = 0; i < kStages; ++i)  // the second refills, stored below
-        first_entries[i] =
-            lane < C::kMaxTilePages ? pf_table_s[(kStages + i) * C::kMaxTilePages + lane] : -1;
-    } else {
-      if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
-#pragma unroll
-        for (int i = 0; i < kStages; ++i) first_entries[i] = load_entry(i);
-      }
-      if constexpr (kPersistent) issue_query(seq, kv_head, row0, rows, ring(0));
-      // (The row split stages its query rows in the last stage, persistent CTAs copy
-      // them to position 0: tile kStages - 1's copies wait until the rows are in
-      // registers, below.)
-      constexpr bool kLastTileLater = kQInStage || kPersistent;
-#pragma unroll
-      for (int i = 0; i < kStages; ++i) {
-        if (i < ntiles && !(kLastTileLater && i == kStages - 1))
-          issue(i, tile_stage(i), first_entries[i]);
-      }
-      if constexpr (kLastTileLater) last_first_entry = first_entries[kStages - 1];
-#pragma unroll
-      for (int i = 0; i < kStages; ++i)  // the second refills, stored after the query staging
-        first_entries[i] = kStages + i < ntiles ? load_entry(kStages + i) : -1;
+      for (int i = 0; i < kStages; ++i) first_entries[i] = load_entry(i);
     }
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      // (The row split stages its query rows in the last stage: that one's
+      // copies wait until the rows are in registers, below.)
+      if (i < ntiles && !(kQInStage && i == kStages - 1)) issue(i, i, first_entries[i]);
+    }
+    if constexpr (kQInStage) last_first_entry = first_entries[kStages - 1];
+#pragma unroll
+    for (int i = 0; i < kStages; ++i)  // the second refills, stored after the query staging
+      first_entries[i] = kStages + i < ntiles ? load_entry(kStages + i) : -1;
   }
 #ifdef JAX_PAGED_TRACE
   t_issued = GlobalTimerNs();
 #endif
   AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
-  // Persistent CTAs: this CTA's next item (its rows; its span once its length,
-  // loaded here, is known), or none (next_L -1).
-  struct NextItem {
-    int kv_head, seq, row0, rows, z;
-  };
-  auto next_item = [&]() -> NextItem {
-    const int n = item + static_cast<int>(gridDim.x);
-    const int x = n % items_x;
-    const int kvh = x / group_chunks;
-    const int r0 = (x - kvh * group_chunks) * rows_per_cta;
-    return NextItem{kvh, seq_base + (n / items_x) % item_seqs, r0,
-                    min(rows_per_cta, q_len * group - r0), n / (items_x * item_seqs)};
-  };
-  int next_L = -1;
-  if constexpr (kPersistent) {
-    if (item + static_cast<int>(gridDim.x) < num_items) {
-      const NextItem n = next_item();
-      if (n.rows > 0) next_L = EffectiveSeqLen(p.seq_lens[n.seq], p.max_blocks_per_seq, BS);
-    }
-  }
-
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
+  // Row split: the warp's 16 query rows as mma A fragments, loaded once (the
+  // decode kernel reloads them per slice: with every warp walking several slices,
+  // that was a third of the row split's shared-memory reads). (Not the wide row
+  // split, C::kQInRegs false: it reads them per product, from its own buffer.)
+  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
+  uint32_t qa_tail[2];
   float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
-  if constexpr (kPersistent) {
-    // (Copied into position 0's stage above, or by the previous item.)
+  if constexpr (kWgmma) {
+    // The wgmma form: straight from global memory into the fragments that ldmatrix
+    // would read from staged rows (row block w = warp: rows gid and gid + 8 in
+    // registers 0, 2 and 1, 3; dims 16 ks + 2 tq, + 1 and + 8, + 9), zero past
+    // `rows`: no staging store, CTA barrier and ldmatrix, and no stage held for
+    // the rows (H200, q_len 16 at 512 tokens: 336.6 us against 366.9 staged; one
+    // CTA per item of the persistent kernel measured in the thirty-third session,
+    // BENCHMARKS.md).
+    const int lr0 = (warp / C::kSliceGroups) * kMaxRows + (lane >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int lr = lr0 + 8 * h;
+      const bool ok = lr < rows;
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) +
+                                                              (ok ? hrow_of(lr) : 0) * D) +
+                            (lane & 3);
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) qa[ks][h + 2 * c] = ok ? src[ks * 8 + 4 * c] : 0u;
+    }
   } else if constexpr (kFp8) {
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
     // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
@@ -939,8 +807,7 @@ __global__ void __launch_bounds__(
   }
   if (warp == 0 && lane < C::kMaxTilePages) {
 #pragma unroll
-    for (int i = 0; i < kStages; ++i)
-      refill_table_s[tile_stage(i) * C::kMaxTilePages + lane] = first_entries[i];
+    for (int i = 0; i < kStages; ++i) refill_table_s[i * C::kMaxTilePages + lane] = first_entries[i];
   }
   __syncthreads();
 
@@ -1126,31 +993,8 @@ __global__ void __launch_bounds__(
     }
   }
 
-  // Row split: the warp's 16 query rows as mma A fragments, loaded once (the
-  // decode kernel reloads them per slice: with every warp walking several slices,
-  // that was a third of the row split's shared-memory reads). (Not the wide row
-  // split, C::kQInRegs false: it reads them per product, from its own buffer.)
-  uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
-  uint32_t qa_tail[2];
-  if constexpr (kPersistent) {
-    // The rows arrived in position 0's stage; the rows past `rows` hold stale bytes
-    // there (NaN, say), so their fragments are zeroed. Then that stage's copies.
-    MbarWait(bar0 + 8 * ring(0), ring_phase_of(0));
-    const uint32_t q_stage_addr =
-        q_addr - SmemAddr(q_s) + stages_addr + static_cast<uint32_t>(ring(0)) * C::kStageBytes;
-    const bool lo_row = rb * kMaxRows + gid < rows, hi_row = rb * kMaxRows + gid + 8 < rows;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      Ldsm4(qa[ks], q_stage_addr + ks * 32);
-      qa[ks][0] = lo_row ? qa[ks][0] : 0u;  // (row gid: registers 0 and 2; gid + 8: 1 and 3)
-      qa[ks][2] = lo_row ? qa[ks][2] : 0u;
-      qa[ks][1] = hi_row ? qa[ks][1] : 0u;
-      qa[ks][3] = hi_row ? qa[ks][3] : 0u;
-    }
-    FenceProxyAsyncShared();
-    __syncthreads();
-    if (warp == 0 && kStages - 1 < ntiles) issue(kStages - 1, ring(0), last_first_entry);
-  } else if constexpr (C::kQInRegs) {
+  // (The row split's query fragments, qa: the wgmma form loaded them above.)
+  if constexpr (C::kQInRegs && !kWgmma) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) Ldsm4(qa[ks], q_addr + ks * 32);
     if constexpr (D % 16 == 8) Ldsm2(qa_tail, q_addr + (D / 16) * 32);
@@ -1260,9 +1104,9 @@ __global__ void __launch_bounds__(
         m |= static_cast<Mask>(FirstBits<16>(L - (tb + kSubStride * h))) << (16 * h);
     } else {
       m = FirstBits<kSliceTokens>(L - tb);  // contiguous sub-slices
-      // (A plain step's window: no token before its first, span.first_start;
+      // (A plain step's window: no token before its first, first_range.start;
       // without one the start is 0 and this clears nothing.)
-      if constexpr (kPlain) m &= ~FirstBits<kSliceTokens>(span.first_start - tb);
+      if constexpr (kPlain) m &= ~FirstBits<kSliceTokens>(first_range.start - tb);
     }
     Mask page_bits = 0u;
 #pragma unroll
@@ -1304,17 +1148,15 @@ __global__ void __launch_bounds__(
     }
   };
 
-  // (Persistent CTAs: the ring's position and its barriers' phase carry over
-  // from item to item, one tile sequence.)
-  int stage = tile_stage(0);
-  uint32_t phase = ring_phase_of(kPersistent ? 1 : 0);
+  int stage = 0;
+  uint32_t phase = 0;
   Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
   if constexpr (kWgmma) {
-    MbarWait(bar0 + 8 * stage, phase);
-    next_mask = tile_mask(0, stage);
-    if (next_mask != 0u) issue_qk(stage, s_next);
+    MbarWait(bar0, 0u);
+    next_mask = tile_mask(0, 0);
+    if (next_mask != 0u) issue_qk(0, s_next);
     if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
-      zero_v_without_data(stage, next_mask);
+      zero_v_without_data(0, next_mask);
       FenceProxyAsyncShared();  // the zeros, before the tensor cores read V
     }
     __syncthreads();
@@ -1831,43 +1673,6 @@ __global__ void __launch_bounds__(
         pending_stage = stage;
       }
     }
-    if constexpr (kPersistent) {
-      // Warp 0, the next item (if any, and if it reads anything): at the first
-      // tile, the table entries of its tiles 0 .. 2 kStages - 1 into pf_table_s
-      // (cp.async: they arrive while this item computes); then each stage this
-      // item no longer refills takes the next item's position that the one ring
-      // sequence puts there (position k + kStages - ntiles: its query rows, then
-      // its tiles).
-      if (refill && next_L >= 0 && (k == 0 || k + kStages >= ntiles)) {
-        const NextItem n = next_item();
-        const Span ns = span_of(next_L, n.row0, n.rows, n.z, grid_parts);
-        if (ns.part < P && ns.start_blk < ns.end_blk) {
-          const int n_start = static_cast<int>(ns.start_blk);
-          if (k == 0 && lane < C::kMaxTilePages) {
-            const int32_t* n_table = p.block_tables + static_cast<int64_t>(n.seq) * p.max_blocks_per_seq;
-#pragma unroll
-            for (int t = 0; t < 2 * kStages; ++t) {
-              const int blk = n_start + t * ppt + lane;
-              int32_t* dst = pf_table_s + t * C::kMaxTilePages + lane;
-              if (lane < ppt && blk < ns.end_blk)
-                CpAsync4(SmemAddr(dst), n_table + blk);
-              else
-                *dst = -1;
-            }
-          }
-          // (Position j of the next item: its query rows, or its tile j - 1.)
-          const int j = k + kStages - ntiles;
-          const int n_tiles = (ns.end_blk - n_start + ppt - 1) / ppt;
-          if (j == 0) {
-            issue_query(n.seq, n.kv_head, n.row0, n.rows, stage);
-          } else if (j > 0 && j - 1 < n_tiles) {
-            CpAsyncWaitAll();  // (this lane's entries)
-            issue_span(n_start, ns.end_blk, n.kv_head, j - 1, stage,
-                       lane < C::kMaxTilePages ? pf_table_s[(j - 1) * C::kMaxTilePages + lane] : -1);
-          }
-        }
-      }
-    }
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1u;
@@ -1884,21 +1689,12 @@ __global__ void __launch_bounds__(
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
-  if constexpr (kPersistent) {
-    // What the next item finds prepared: its length, and the positions its tiles
-    // released here took (the stages of positions 1 .. ntiles).
-    if (next_L >= 0) {
-      carried_L = next_L;
-      carried_pf_lo = max(0, kStages - ntiles);
-    }
-    ring_stage = stage;
-    ring_phase = phase;
+  if constexpr (kWgmma) {
     // One slice group (each warp holds whole rows: kMergeSlices == 1), so each
     // lane normalises and writes its own fragments (rows gid, gid + 8 of its row
-    // block; dims 8 n + 2 tq, + 1), with no merge buffer over the stages, which
-    // hold the next item's query rows and first tiles by now. The same arithmetic as the
-    // merge below with one slice (its factor exp2(m - m) is 1).
-    static_assert(C::kMergeSlices == 1 && C::kNTiles * 8 == D, "persistent CTAs: one slice group");
+    // block; dims 8 n + 2 tq, + 1): no merge buffer, no CTA barrier. The same
+    // arithmetic as the merge below with one slice (its factor exp2(m - m) is 1).
+    static_assert(C::kMergeSlices == 1 && C::kNTiles * 8 == D, "wgmma: one slice group");
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int lr = rb * kMaxRows + gid + 8 * r;
@@ -2040,7 +1836,7 @@ __global__ void __launch_bounds__(
     for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i)
   }
 #undef JAX_PAGED_WRITE_QUAD
-  }  // (kPersistent)
+  }  // (kWgmma)
 #ifdef JAX_PAGED_TRACE
   __syncthreads();  // every output of the CTA written
   const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *
@@ -2063,20 +1859,17 @@ __global__ void __launch_bounds__(
     row[11] = t_staged;
   }
 #endif
-  }  // items
 #endif  // JAX_PAGED_GROUPED_SM90
 }
 
 // One instantiation of the kernel with its own once-per-device flags (shared
 // memory limit raised, carveout hint set), its shared memory and rows per CTA.
 struct GroupedInstance {
-  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap, int, int);
+  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap);
   std::atomic<bool>* smem_configured;  // [kMaxDevices]
   std::atomic<bool>* carveout_set;     // [kMaxDevices]
   size_t smem_bytes;                   // GroupedConfig::kSmemBytes
   int max_rows;                        // GroupedConfig::kRows
-  int ctas_per_sm;                     // GroupedConfig::kCtasPerSm
-  bool persistent;                     // its CTAs walk the work items (the wgmma form)
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
@@ -2085,8 +1878,7 @@ GroupedInstance GroupedInstanceOf() {
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows>,
-          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
-          C::kCtasPerSm, kWgmma};
+          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
 }
 
 // Whether the 64-row CTAs run their wgmma form: on compute capability 9.0, the
@@ -2099,14 +1891,6 @@ GroupedInstance GroupedInstanceOf() {
 inline bool WgmmaEnabled(int device) {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA", "0");
   return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
-}
-
-// Whether the wgmma form's persistent CTAs walk the work items in a grid of at
-// most kCtasPerSm per SM, unless JAX_PAGED_PERSISTENT=0 (read once; for A/B runs
-// in one build): then the same kernel runs one CTA per item.
-inline bool PersistentEnabled() {
-  static const bool enabled = !EnvIs("JAX_PAGED_PERSISTENT", "0");
-  return enabled;
 }
 
 // The driver's cuTensorMapEncodeTiled, found once through the runtime (so that
@@ -2306,26 +2090,10 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const int rows_per_cta = (rows + group_chunks - 1) / group_chunks;
   const bool direct_out = p.max_num_partitions == 1;
   const bool pdl = UseProgrammaticLaunch(device);
-  const int parts = GroupedGridPartitions(p);
-  // Persistent CTAs (g.persistent): a 1-D grid of at most ctas_per_sm per SM over
-  // the items of up to `chunk_seqs` sequences, few enough that their count fits an int
-  // with room for the kernel's item + gridDim.x.
-  const int64_t items_per_seq = int64_t{p.num_kv_heads} * group_chunks * parts;
-  const int chunk_seqs = g.persistent ? static_cast<int>(std::max<int64_t>(
-                                            1, std::min<int64_t>(kMaxGridYZ, (INT_MAX / 2) / items_per_seq)))
-                                      : kMaxGridYZ;
-  for (int base = 0; base < p.num_seqs; base += chunk_seqs) {
-    const int n = std::min(chunk_seqs, p.num_seqs - base);
-    dim3 grid(p.num_kv_heads * group_chunks, n, parts);
-    if (g.persistent) {
-      const int64_t items = items_per_seq * n;
-      const int sms = MultiprocessorCount(device);  // (0 if the query failed)
-      grid = dim3(static_cast<unsigned>(PersistentEnabled() && sms > 0
-                                            ? std::min<int64_t>(items, int64_t{g.ctas_per_sm} * sms)
-                                            : items));
-    }
-    g.kernel<<<grid, kThreads, g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta,
-                                                        direct_out, v_map, n, parts);
+  for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
+    const int n = std::min(kMaxGridYZ, p.num_seqs - base);
+    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), kThreads,
+             g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out, v_map);
     if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;

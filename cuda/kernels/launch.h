@@ -88,9 +88,6 @@ inline int ComputeCapabilityMajor(int device) {
 inline int ComputeCapabilityMinor(int device) {
   return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMinor>(device);
 }
-inline int MultiprocessorCount(int device) {
-  return CachedDeviceAttribute<cudaDevAttrMultiProcessorCount>(device);
-}
 
 // Whether the environment variable `name` is set to `value` (the run-time
 // development switches below and in grouped_*.h; each caller reads it once).

@@ -48,7 +48,11 @@
 // it off): Q.K and P.V as warpgroup products (wgmma.cuh) reading K and V from
 // the stages in place (V's pages copied through a tensor map, v_map, that
 // swizzles them into P.V's operand layout), tile k + 1's Q.K overlapping tile
-// k's softmax.
+// k's softmax, its query rows loaded from global memory straight into the A
+// fragments and its output written from the accumulators (no staging, no merge
+// buffer). (Persistent wgmma CTAs, walking many work items with the next item's
+// copies issued during the current one's last tiles, measured 0.3-3.4% slower
+// than one CTA per item: thirty-third session, BENCHMARKS.md.)
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the
@@ -658,9 +662,8 @@ __global__ void __launch_bounds__(
     // would read from staged rows (row block w = warp: rows gid and gid + 8 in
     // registers 0, 2 and 1, 3; dims 16 ks + 2 tq, + 1 and + 8, + 9), zero past
     // `rows`: no staging store, CTA barrier and ldmatrix, and no stage held for
-    // the rows (H200, q_len 16 at 512 tokens: 336.6 us against 366.9 staged; one
-    // CTA per item of the persistent kernel measured in the thirty-third session,
-    // BENCHMARKS.md).
+    // the rows (with the epilogue from registers below, H200, q_len 16 at 512 tokens:
+    // 330.9 us against 366.9; thirty-third session, BENCHMARKS.md).
     const int lr0 = (warp / C::kSliceGroups) * kMaxRows + (lane >> 2);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

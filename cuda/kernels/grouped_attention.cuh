@@ -379,6 +379,15 @@ constexpr bool kPlainAllValid = true;
 #else
 constexpr bool kPlainAllValid = false;
 #endif
+// The other 64-row row splits at two CTAs per SM (fp8 caches at head sizes 80-128,
+// and the mma.sync form of 16-bit caches) load their query rows straight into
+// registers and write their output from registers, as the wgmma form does since
+// the thirty-third session (written then, not yet measured on a GPU).
+#ifdef JAX_PAGED_ROW_SPLIT_REG_IO
+constexpr bool kRowSplitRegIO = true;
+#else
+constexpr bool kRowSplitRegIO = false;
+#endif
 
 // ---- the kernel -----------------------------------------------------------------
 // grid (num_kv_heads * group_chunks, num_seqs chunk, GroupedGridPartitions(p)),
@@ -625,9 +634,14 @@ __global__ void __launch_bounds__(
   int32_t pending_entry = -1;
   int pending_stage = -1;  // warp-uniform; -1: nothing pending
   int32_t last_first_entry = -1;  // warp 0, kQInStage: the last stage's first entry
-  // The wgmma form loads its query rows straight into registers (below), so its
-  // last stage's first copies need not wait for them.
-  constexpr bool kQInStage = C::kQInStage && !kWgmma;
+  // kRegIO: the query rows straight into registers (below), so the last stage's
+  // first copies need not wait for them, and the output written from registers:
+  // the wgmma form, and with JAX_PAGED_ROW_SPLIT_REG_IO the other 64-row row
+  // splits at two CTAs per SM (one slice group: each warp holds whole rows).
+  constexpr bool kRegIO =
+      kWgmma || (kRowSplitRegIO && kRowSplit && C::kQInRegs && C::kMergeSlices == 1 &&
+                 C::kCtasPerSm <= 2 && D % 16 == 0);
+  constexpr bool kQInStage = C::kQInStage && !kRegIO;
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
@@ -657,25 +671,64 @@ __global__ void __launch_bounds__(
   uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
   uint32_t qa_tail[2];
   float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
-  if constexpr (kWgmma) {
-    // The wgmma form: straight from global memory into the fragments that ldmatrix
-    // would read from staged rows (row block w = warp: rows gid and gid + 8 in
-    // registers 0, 2 and 1, 3; dims 16 ks + 2 tq, + 1 and + 8, + 9), zero past
-    // `rows`: no staging store, CTA barrier and ldmatrix, and no stage held for
-    // the rows (with the epilogue from registers below, H200, q_len 16 at 512 tokens:
-    // 330.9 us against 366.9; thirty-third session, BENCHMARKS.md).
+  if constexpr (kRegIO) {
+    // Straight from global memory into the fragments that ldmatrix would read from
+    // staged rows (row block w = warp: rows gid and gid + 8 in registers 0, 2 and
+    // 1, 3; k indices 16 ks + 2 tq, + 1 and + 8, + 9), zero past `rows`: no staging
+    // store, CTA barrier and ldmatrix, and no stage held for the rows (wgmma form,
+    // with the epilogue from registers below, H200, q_len 16 at 512 tokens: 330.9
+    // us against 366.9; thirty-third session, BENCHMARKS.md).
     const int lr0 = (warp / C::kSliceGroups) * kMaxRows + (lane >> 2);
+    const int tq4 = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int lr = lr0 + 8 * h;
       const bool ok = lr < rows;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.query) +
-                                                              (ok ? hrow_of(lr) : 0) * D) +
-                            (lane & 3);
+      const T* row = static_cast<const T*>(p.query) + (ok ? hrow_of(lr) : 0) * D;
+      if constexpr (kFp8) {
+        // The permuted pairs (see above): k indices 2 tq, + 1 (logical pair tq) and
+        // 2 tq + 8, + 9 (pair tq + 4) hold dims 16 ks + 4 tq .. + 3: one 8-byte load.
+        const uint2* src = reinterpret_cast<const uint2*>(row) + tq4;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          const uint2 v = ok ? src[4 * ks] : make_uint2(0u, 0u);
+          qa[ks][h] = v.x;
+          qa[ks][h + 2] = v.y;
+        }
+      } else {
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(row) + tq4;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) qa[ks][h + 2 * c] = ok ? src[ks * 8 + 4 * c] : 0u;
+      }
+    }
+    if constexpr (kFp8 && std::is_same_v<T, __nv_bfloat16>) {
+      // bf16 -> f16 times a power of two, as the staging below does, but from the
+      // warp's own 16 rows (each warp's logits use only its own rows' scale).
+      float amax = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) qa[ks][h + 2 * c] = ok ? src[ks * 8 + 4 * c] : 0u;
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qa[ks][i]));
+          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (amax > 0.0f && amax <= FLT_MAX) {
+        int e = 0;
+        (void)frexpf(amax, &e);  // amax < 2^e
+        q_scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
+      }
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qa[ks][i]));
+          const __half2 q16 = __floats2half2_rn(f.x * q_scale, f.y * q_scale);
+          qa[ks][i] = *reinterpret_cast<const uint32_t*>(&q16);
+        }
     }
   } else if constexpr (kFp8) {
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
@@ -997,7 +1050,7 @@ __global__ void __launch_bounds__(
   }
 
   // (The row split's query fragments, qa: the wgmma form loaded them above.)
-  if constexpr (C::kQInRegs && !kWgmma) {
+  if constexpr (C::kQInRegs && !kRegIO) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) Ldsm4(qa[ks], q_addr + ks * 32);
     if constexpr (D % 16 == 8) Ldsm2(qa_tail, q_addr + (D / 16) * 32);
@@ -1692,12 +1745,12 @@ __global__ void __launch_bounds__(
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
-  if constexpr (kWgmma) {
+  if constexpr (kRegIO) {
     // One slice group (each warp holds whole rows: kMergeSlices == 1), so each
     // lane normalises and writes its own fragments (rows gid, gid + 8 of its row
     // block; dims 8 n + 2 tq, + 1): no merge buffer, no CTA barrier. The same
     // arithmetic as the merge below with one slice (its factor exp2(m - m) is 1).
-    static_assert(C::kMergeSlices == 1 && C::kNTiles * 8 == D, "wgmma: one slice group");
+    static_assert(C::kMergeSlices == 1 && C::kNTiles * 8 == D, "kRegIO: one slice group");
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int lr = rb * kMaxRows + gid + 8 * r;
@@ -1839,7 +1892,7 @@ __global__ void __launch_bounds__(
     for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i)
   }
 #undef JAX_PAGED_WRITE_QUAD
-  }  // (kWgmma)
+  }  // (kRegIO)
 #ifdef JAX_PAGED_TRACE
   __syncthreads();  // every output of the CTA written
   const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *

@@ -664,7 +664,7 @@ __global__ void __launch_bounds__(
   AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
   // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
-  // Row split: the warp's 16 query rows as mma A fragments, loaded once (the
+  // (kRegIO: into registers.) Row split: the warp's 16 query rows as mma A fragments, loaded once (the
   // decode kernel reloads them per slice: with every warp walking several slices,
   // that was a third of the row split's shared-memory reads). (Not the wide row
   // split, C::kQInRegs false: it reads them per product, from its own buffer.)
@@ -1049,7 +1049,7 @@ __global__ void __launch_bounds__(
     }
   }
 
-  // (The row split's query fragments, qa: the wgmma form loaded them above.)
+  // (The row split's query fragments, qa: kRegIO loaded them above.)
   if constexpr (C::kQInRegs && !kRegIO) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) Ldsm4(qa[ks], q_addr + ks * 32);
@@ -1751,6 +1751,9 @@ __global__ void __launch_bounds__(
     // block; dims 8 n + 2 tq, + 1): no merge buffer, no CTA barrier. The same
     // arithmetic as the merge below with one slice (its factor exp2(m - m) is 1).
     static_assert(C::kMergeSlices == 1 && C::kNTiles * 8 == D, "kRegIO: one slice group");
+#ifdef JAX_PAGED_TRACE
+    t_all_loops = t_merged = GlobalTimerNs();  // (no merge: the output stores start here)
+#endif
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int lr = rb * kMaxRows + gid + 8 * r;

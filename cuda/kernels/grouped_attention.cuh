@@ -277,6 +277,30 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t four, uint32_t& lo, uint
   }
 }
 
+// A bf16 query staged for fp8 caches' f16 products: |x| of a packed bf16 pair's
+// larger half; the power-of-two scale that puts the rows' largest |q|, amax, in
+// [2^14, 2^15) (exact for every value down to 2^-28 of it: f16 has more mantissa
+// than bf16; divided out of the logits), clamped to [2^-126, 2^64], 1 for inf / NaN
+// or an all-zero query; and a bf16 pair times that scale as an f16 pair.
+__device__ __forceinline__ float Bf16PairAbsMax(uint32_t v) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  return fmaxf(fabsf(f.x), fabsf(f.y));
+}
+__device__ __forceinline__ float F16QueryScale(float amax) {
+  float scale = 1.0f;
+  if (amax > 0.0f && amax <= FLT_MAX) {
+    int e = 0;
+    (void)frexpf(amax, &e);  // amax < 2^e
+    scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
+  }
+  return scale;
+}
+__device__ __forceinline__ uint32_t Bf16PairToF16(uint32_t v, float scale) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  const __half2 h = __floats2half2_rn(f.x * scale, f.y * scale);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // Four consecutive outputs as one store (8 bytes for 16-bit T, 16 for f32):
 // `dst` is aligned to four elements (out is 16-byte aligned, D % 8 == 0).
 // (H200, seventh session, against four 2-byte stores per thread: bf16
@@ -663,11 +687,12 @@ __global__ void __launch_bounds__(
 #endif
   AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
-  // ---- query rows -> shared memory (rows >= `rows` zero), overlapping the copies
-  // (kRegIO: into registers.) Row split: the warp's 16 query rows as mma A fragments, loaded once (the
-  // decode kernel reloads them per slice: with every warp walking several slices,
-  // that was a third of the row split's shared-memory reads). (Not the wide row
-  // split, C::kQInRegs false: it reads them per product, from its own buffer.)
+  // ---- query rows -> shared memory (rows >= `rows` zero; kRegIO: registers),
+  // overlapping the copies. Row split: the warp's 16 query rows as mma A fragments,
+  // loaded once (the decode kernel reloads them per slice: with every warp walking
+  // several slices, that was a third of the row split's shared-memory reads). (Not
+  // the wide row split, C::kQInRegs false: it reads them per product, from its own
+  // buffer.)
   uint32_t qa[C::kQInRegs ? D / 16 : 1][4];
   uint32_t qa_tail[2];
   float q_scale = 1.0f;  // fp8 caches: the staged f16 query is query * q_scale
@@ -710,25 +735,14 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qa[ks][i]));
-          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-        }
+        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, Bf16PairAbsMax(qa[ks][i]));
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (amax > 0.0f && amax <= FLT_MAX) {
-        int e = 0;
-        (void)frexpf(amax, &e);  // amax < 2^e
-        q_scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
-      }
+      q_scale = F16QueryScale(amax);
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qa[ks][i]));
-          const __half2 q16 = __floats2half2_rn(f.x * q_scale, f.y * q_scale);
-          qa[ks][i] = *reinterpret_cast<const uint32_t*>(&q16);
-        }
+        for (int i = 0; i < 4; ++i) qa[ks][i] = Bf16PairToF16(qa[ks][i], q_scale);
     }
   } else if constexpr (kFp8) {
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
@@ -769,10 +783,7 @@ __global__ void __launch_bounds__(
                             : 0u;
           },
           [&](int i, uint32_t v) {
-            if constexpr (kBf16) {
-              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-              amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-            }
+            if constexpr (kBf16) amax = fmaxf(amax, Bf16PairAbsMax(v));
             q_words[pair_word(i)] = v;
           });
     } else {
@@ -789,10 +800,7 @@ __global__ void __launch_bounds__(
             if constexpr (kBf16) {
               const uint32_t w[8] = {c.lo.x, c.lo.y, c.lo.z, c.lo.w, c.hi.x, c.hi.y, c.hi.z, c.hi.w};
 #pragma unroll
-              for (int j = 0; j < 8; ++j) {
-                const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
-                amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-              }
+              for (int j = 0; j < 8; ++j) amax = fmaxf(amax, Bf16PairAbsMax(w[j]));
             }
             // Logical pairs 0-3: the source's even pairs; 4-7: its odd ones.
             uint4* dst = reinterpret_cast<uint4*>(q_words + unit_word(i));
@@ -801,25 +809,15 @@ __global__ void __launch_bounds__(
           });
     }
     if constexpr (kBf16) {
-      // bf16 -> f16 with a power-of-two scale that puts the CTA's largest
-      // |q| in [2^14, 2^15): exact for every value down to 2^-28 of it
-      // (f16 has more mantissa than bf16); divided out of the logits. The
-      // scale is clamped to [2^-126, 2^64]; inf / NaN keep scale 1.
+      // bf16 -> f16 with the power-of-two scale of the CTA's largest |q|
+      // (F16QueryScale).
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       if (lane == 0) ml_s[warp] = amax;
       __syncthreads();
       amax = fmaxf(fmaxf(ml_s[0], ml_s[1]), fmaxf(ml_s[2], ml_s[3]));
-      if (amax > 0.0f && amax <= FLT_MAX) {
-        int e = 0;
-        (void)frexpf(amax, &e);  // amax < 2^e
-        q_scale = ldexpf(1.0f, min(max(15 - e, -126), 64));
-      }
-      auto to_f16 = [&](uint32_t v) -> uint32_t {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-        const __half2 h = __floats2half2_rn(f.x * q_scale, f.y * q_scale);
-        return *reinterpret_cast<const uint32_t*>(&h);
-      };
+      q_scale = F16QueryScale(amax);
+      auto to_f16 = [&](uint32_t v) -> uint32_t { return Bf16PairToF16(v, q_scale); };
       if constexpr (kPairwise) {
         for (int i = tid; i < C::kRows * kPairs; i += kThreads)  // this thread's own pairs
           q_words[pair_word(i)] = to_f16(q_words[pair_word(i)]);

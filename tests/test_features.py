@@ -53,9 +53,24 @@ def attend(platform, inp, impl, **kwargs):
     return jax_paged.paged_attention(*on(platform, *inp.args()), impl=impl, **kwargs)
 
 
-def compare(platform, inp, impl, **kwargs):
-    """Kernel vs reference (out and, with return_lse, lse); returns the kernel's result."""
+def attend_on_poisoned_memory(platform, inp, impl, **kwargs):
+    """attend(), its call made right after buffers of the output's size were filled with
+    NaN and freed on the platform's device, so that the allocator's reuse of them
+    (likely, not certain) leaves NaN wherever the kernel writes nothing."""
+    dev = jax.devices(platform)[0]
+    for _ in range(4):
+        poison = jax.device_put(np.full(inp.query.shape, np.nan, inp.query.dtype), dev)
+        poison.block_until_ready()
+        del poison
     got = attend(platform, inp, impl, **kwargs)
+    jax.block_until_ready(got)
+    return got
+
+
+def compare(platform, inp, impl, poisoned=False, **kwargs):
+    """Kernel vs reference (out and, with return_lse, lse); returns the kernel's result.
+    poisoned: the call through attend_on_poisoned_memory."""
+    got = (attend_on_poisoned_memory if poisoned else attend)(platform, inp, impl, **kwargs)
     want = reference_on_cpu(reference.paged_attention, *inp.args(), impl=ref_impl(impl),
                             **kwargs)
     dtype = inp.query.dtype
@@ -976,20 +991,6 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
         compare("gpu", inp, "grouped", sliding_window=100)
 
 
-def _attend_on_poisoned_memory(inp, **kwargs):
-    """The GPU grouped kernel's result, its call made right after device buffers of the
-    output's size were filled with NaN and freed, so that the allocator's reuse of them
-    (likely, not certain) leaves NaN wherever the kernel writes nothing."""
-    dev = jax.devices("gpu")[0]
-    for _ in range(4):
-        poison = jax.device_put(np.full(inp.query.shape, np.nan, inp.query.dtype), dev)
-        poison.block_until_ready()
-        del poison
-    got = attend("gpu", inp, "grouped", **kwargs)
-    jax.block_until_ready(got)
-    return got
-
-
 @requires_gpu
 @pytest.mark.parametrize("head_size,block_size,cache_dtype", [
     (128, 16, jnp.bfloat16), (128, 8, jnp.bfloat16), (128, 32, jnp.float16),
@@ -1010,24 +1011,18 @@ def test_gpu_row_split_many_items(head_size, block_size, cache_dtype, monkeypatc
     edges = [0, 0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 511, 512, 513, 1024, 1100]
     lens = np.concatenate([edges, rng.integers(0, 1100, size=120 - len(edges))])
     rng.shuffle(lens)
-    for q_len in (16, 12):
-        inp = make_inputs(rng, [int(n) for n in lens], 32, 8, head_size, block_size,
-                          cache_dtype, q_len=q_len)
-        for kwargs in (dict(), dict(return_lse=True, soft_cap=10.0), dict(sliding_window=100)):
-            if q_len == 12 and kwargs:
-                continue
-            got = _attend_on_poisoned_memory(inp, **kwargs)
-            want = reference_on_cpu(reference.paged_attention, *inp.args(),
-                                    impl=ref_impl("grouped"), **kwargs)
-            if kwargs.get("return_lse"):
-                (got, lse), (want, want_lse) = got, want
-                np.testing.assert_allclose(np.asarray(lse), want_lse, atol=2e-5, rtol=2e-5)
-            # (assert_close also fails on NaN: an output the kernel did not write.)
-            assert_close(got, want, inp.query.dtype, f"row split, many items {kwargs}")
+    inputs = {q_len: make_inputs(rng, [int(n) for n in lens], 32, 8, head_size, block_size,
+                                 cache_dtype, q_len=q_len) for q_len in (16, 12)}
+    # (compare's assert_close also fails on NaN: an output the kernel did not write.)
+    for q_len, kwargs in ((16, {}), (16, dict(return_lse=True, soft_cap=10.0)),
+                          (16, dict(sliding_window=100)), (12, {})):
+        compare("gpu", inputs[q_len], "grouped", poisoned=True, **kwargs)
     # (partition_size=1024 only keys this call apart from the ones above: the grouped
     # kernel takes the rule's size.)
+    inp = inputs[12]
     monkeypatch.setattr(primitives, "grouped_partition_size", lambda *args, **kw: 256)
-    got, lse = _attend_on_poisoned_memory(inp, return_lse=True, partition_size=1024)
+    got, lse = attend_on_poisoned_memory("gpu", inp, "grouped", return_lse=True,
+                                         partition_size=1024)
     want, want_lse = reference_on_cpu(reference.paged_attention, *inp.args(), impl="v2",
                                       partition_size=256, return_lse=True)
     np.testing.assert_allclose(np.asarray(lse), want_lse, atol=2e-5, rtol=2e-5)

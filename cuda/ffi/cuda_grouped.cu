@@ -183,9 +183,6 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
          "PLAIN_ALL_VALID "
 #endif
-#ifdef JAX_PAGED_ROW_SPLIT_REG_IO
-         "ROW_SPLIT_REG_IO "
-#endif
       ;
 }
 

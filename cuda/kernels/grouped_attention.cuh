@@ -403,15 +403,6 @@ constexpr bool kPlainAllValid = true;
 #else
 constexpr bool kPlainAllValid = false;
 #endif
-// The other 64-row row splits at two CTAs per SM (fp8 caches at head sizes 80-128,
-// and the mma.sync form of 16-bit caches) load their query rows straight into
-// registers and write their output from registers, as the wgmma form does since
-// the thirty-third session (written then, not yet measured on a GPU).
-#ifdef JAX_PAGED_ROW_SPLIT_REG_IO
-constexpr bool kRowSplitRegIO = true;
-#else
-constexpr bool kRowSplitRegIO = false;
-#endif
 
 // ---- the kernel -----------------------------------------------------------------
 // grid (num_kv_heads * group_chunks, num_seqs chunk, GroupedGridPartitions(p)),
@@ -660,11 +651,13 @@ __global__ void __launch_bounds__(
   int32_t last_first_entry = -1;  // warp 0, kQInStage: the last stage's first entry
   // kRegIO: the query rows straight into registers (below), so the last stage's
   // first copies need not wait for them, and the output written from registers:
-  // the wgmma form, and with JAX_PAGED_ROW_SPLIT_REG_IO the other 64-row row
-  // splits at two CTAs per SM (one slice group: each warp holds whole rows).
+  // the wgmma form, and since the thirty-fourth session the other 64-row row
+  // splits at two CTAs per SM too (one slice group: each warp holds whole rows;
+  // fp8 q_len 16 at head 128 1.02-1.19x faster, the mma.sync form at head 64
+  // unchanged within run-to-run spread, BENCHMARKS.md).
   constexpr bool kRegIO =
-      kWgmma || (kRowSplitRegIO && kRowSplit && C::kQInRegs && C::kMergeSlices == 1 &&
-                 C::kCtasPerSm <= 2 && D % 16 == 0);
+      kWgmma || (kRowSplit && C::kQInRegs && C::kMergeSlices == 1 && C::kCtasPerSm <= 2 &&
+                 D % 16 == 0);
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
@@ -700,9 +693,10 @@ __global__ void __launch_bounds__(
     // Straight from global memory into the fragments that ldmatrix would read from
     // staged rows (row block w = warp: rows gid and gid + 8 in registers 0, 2 and
     // 1, 3; k indices 16 ks + 2 tq, + 1 and + 8, + 9), zero past `rows`: no staging
-    // store, CTA barrier and ldmatrix, and no stage held for the rows (wgmma form,
-    // with the epilogue from registers below, H200, q_len 16 at 512 tokens: 330.9
-    // us against 366.9; thirty-third session, BENCHMARKS.md).
+    // store, CTA barrier and ldmatrix, and no stage held for the rows (H200, q_len
+    // 16 at 512 tokens, with the epilogue from registers below: the wgmma form 330.9
+    // us against 366.9, thirty-third session; the fp8 e4m3 row split 371.2 against
+    // 439.3 and 442.6, thirty-fourth; BENCHMARKS.md).
     const int lr0 = (warp / C::kSliceGroups) * kMaxRows + (lane >> 2);
     const int tq4 = lane & 3;
 #pragma unroll

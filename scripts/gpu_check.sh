@@ -22,6 +22,8 @@
 #   PYTHON           interpreter (default python3)
 #   CMAKE_ARGS       for the install (default: the development options OFF, see the install stage)
 #   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
+#   CEILING=1        also run benchmarks/wgmma_ceiling.cu as the install built it (after the
+#                    env stage; output in ceiling.log)
 #   BENCH_ARGS       extra benchmark arguments, e.g. BENCH_ARGS="--config 16,40,8,4096 --reps 9"
 #   BENCH_ENVS       ';'-separated environment assignments: the bench stage runs once per
 #                    entry (stages bench_1, bench_2, ...; bench_<i>.json in OUT), e.g.
@@ -40,8 +42,8 @@
 #   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":
 #                    XLA's own probing calls return CUDA errors by design; a failed launch
 #                    of ours surfaces as a Python exception and fails the case anyway)
-#   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT   seconds per stage
-#                    (defaults 420 / 540 / 240 / 420)
+#   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT CEILING_TIMEOUT   seconds
+#                    per stage (defaults 420 / 540 / 240 / 420 / 120)
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -150,6 +152,20 @@ except Exception as e:
     print(f"jax_paged: import FAILED {type(e).__name__}: {e}")
 EOF
 } | tee -a "$SUMMARY"
+
+# ---- 2b. the warpgroup-product ceiling (CEILING=1) --------------------------
+# benchmarks/wgmma_ceiling.cu as the install built it (jax_paged_wgmma_ceiling in the
+# build directory): a few seconds; its own checks, then its timings (benchmarks/README.md).
+if [ "${CEILING:-0}" = 1 ]; then
+  CEILING_BIN=$(ls -t build/*/jax_paged_wgmma_ceiling 2>/dev/null | head -n 1)
+  if [ -z "$CEILING_BIN" ]; then
+    STAGES+=(ceiling); RESULT[ceiling]="FAILED (build/*/jax_paged_wgmma_ceiling not found)"
+    echo; echo "=== [ceiling] ${RESULT[ceiling]}"
+  else
+    run_stage ceiling "$OUTDIR/ceiling.log" "${CEILING_TIMEOUT:-120}" "$CEILING_BIN"
+    DETAIL[ceiling]="$CEILING_BIN; checks: $(grep -c ': ok$' "$OUTDIR/ceiling.log") ok, $(grep -c 'WRONG$' "$OUTDIR/ceiling.log") wrong"
+  fi
+fi
 
 # ---- 3. tests --------------------------------------------------------------
 if [ "${SKIP_TESTS:-0}" = 1 ]; then

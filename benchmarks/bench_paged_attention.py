@@ -97,7 +97,9 @@ METHOD_TEXT = {
              "the next query (a true data dependency: XLA can neither "
              "drop nor hoist a call). Host clock around the call + block_until_ready; time per call "
              "from pairs of samples of two loop lengths, R and 2R iterations (R a power of two, raised "
-             "from 2 by timed probes until a sample of 2R lasts about --target-ms): (time of 2R - time "
+             "from 2 by timed probes until a sample of 2R lasts about --target-ms, and raised again once "
+             "if the measured R samples last under 0.4x half the target, i.e. the probes ran slow: "
+             "'probe_R' in the JSON is the probes' R): (time of 2R - time "
              "of R) / (R * calls_per_iteration), so that whatever a sample costs once (dispatch, "
              "sync, setup of the loop; about 0.6-1.0 ms on the H200 by the twenty-fifth session's estimate) cancels "
              "instead of being spread over the sample's calls; reported figure = median of --reps "
@@ -281,13 +283,32 @@ def time_loop(step, carry0, sets, args) -> dict:
         R = R_new
         f = _loop_fn(step, R, n, unroll)
         _wall(lambda: f(carry0, sets))                  # compile + warm-up
-    f_long = _loop_fn(step, 2 * R, n, unroll)
-    _wall(lambda: f_long(carry0, sets))                 # compile + first run
-    _wall(lambda: f_long(carry0, sets))                 # warm-up
-    short, long_ = [], []
-    for _ in range(args.reps):                          # interleaved pairs
-        short.append(_wall(lambda: f(carry0, sets)))
-        long_.append(_wall(lambda: f_long(carry0, sets)))
+
+    def measure_pairs(f, R):
+        f_long = _loop_fn(step, 2 * R, n, unroll)
+        _wall(lambda: f_long(carry0, sets))             # compile + first run
+        _wall(lambda: f_long(carry0, sets))             # warm-up
+        short, long_ = [], []
+        for _ in range(args.reps):                      # interleaved pairs
+            short.append(_wall(lambda: f(carry0, sets)))
+            long_.append(_wall(lambda: f_long(carry0, sets)))
+        return short, long_
+
+    short, long_ = measure_pairs(f, R)
+    probe_R = R
+    # The probe's samples can run slow (a GPU still raising its clocks after idling: the
+    # thirty-fourth session's call 1 kept R = 2 for the copy, whose slope pairs then spread
+    # 739-1123 us and read the bandwidth 6-8% above the other runs'). If the measured short
+    # loop lasts well under what the probe accepted (half the target), size R again from
+    # it and measure once more.
+    if statistics.median(short) < 0.4 * target and R < args.max_loop:
+        R = min(args.max_loop, next_pow2(math.ceil(R * target / max(statistics.median(short), 1e-9))))
+        if R > probe_R:
+            f = _loop_fn(step, R, n, unroll)
+            _wall(lambda: f(carry0, sets))              # compile + warm-up
+            short, long_ = measure_pairs(f, R)
+        else:
+            R = probe_R
     calls = R * n_calls
     samples = slope_per_call(short, long_, calls, 2 * calls)
     average = statistics.median(long_) / (2 * calls)
@@ -296,7 +317,7 @@ def time_loop(step, carry0, sets, args) -> dict:
         # Noise above the work (a trivial step on a busy CPU): the long loop's average.
         median = average
     return dict(method="loop", median_s=median, samples_s=samples,
-                R=R, n_sets=n, calls_per_iteration=n_calls, calls_per_sample=calls,
+                R=R, probe_R=probe_R, n_sets=n, calls_per_iteration=n_calls, calls_per_sample=calls,
                 average_per_call_s=average,
                 fixed_per_sample_s=statistics.median(2 * a - b for a, b in zip(short, long_)),
                 probe_per_call_s=per_call,

@@ -167,3 +167,52 @@ def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch
     assert result["meta"]["jax_paged_environment"].get("JAX_PAGED_ROW_SPLIT") == "0"
     (row,) = result["results"]
     assert set(row["impls"]) == {"auto"}
+
+
+class _FakeLoop:
+    """A stand-in for a compiled loop of R iterations (for a fake clock)."""
+
+    def __init__(self, R, n_calls):
+        self.R, self.n_calls = R, n_calls
+
+    def __call__(self, *_):
+        return self
+
+
+def _fake_clock(monkeypatch, per_call_s, fixed_s, slow_first=0, slow_s=0.0):
+    """Fake bench._loop_fn / bench._wall: a sample of R iterations lasts fixed + R *
+    calls * per_call, except the first `slow_first` samples after the compile-and-warm-up
+    pair, which last slow_s (a GPU still raising its clocks). Returns the list of sampled
+    R values."""
+    seen = []
+
+    def loop_fn(step, R, n, unroll):
+        return _FakeLoop(R, n * unroll)
+
+    def wall(fn):
+        loop = fn()
+        seen.append(loop.R)
+        if 2 < len(seen) <= 2 + slow_first:
+            return slow_s
+        return fixed_s + loop.R * loop.n_calls * per_call_s
+
+    monkeypatch.setattr(bench, "_loop_fn", loop_fn)
+    monkeypatch.setattr(bench, "_wall", wall)
+    return seen
+
+
+def test_time_loop_sizes_r_again_when_the_probes_ran_slow(monkeypatch):
+    """The thirty-fourth session's call 1: the copy's probes ran slow, R stayed at 2, and
+    its slope pairs (2 against 4 iterations of ~1 ms beside a ~0.6 ms fixed cost) read the
+    bandwidth high. With the probes' samples slow, R is sized again from the measured R
+    samples; with them on time, R is what the probes chose and nothing is measured twice."""
+    args = argparse.Namespace(target_ms=15.0, max_loop=4096, reps=3, min_calls_per_iter=1)
+    per_call, fixed = 1.0e-3, 0.6e-3
+    _fake_clock(monkeypatch, per_call, fixed, slow_first=2, slow_s=4.0e-3)
+    t = bench.time_loop(None, None, [()], args)
+    assert t["probe_R"] == 2 and t["R"] == 8  # 2.6 ms measured at R = 2: 7.5 ms needs R = 8
+    assert t["median_s"] == pytest.approx(per_call)
+    seen = _fake_clock(monkeypatch, per_call, fixed)
+    t = bench.time_loop(None, None, [()], args)
+    assert t["probe_R"] == t["R"] == 8 and t["median_s"] == pytest.approx(per_call)
+    assert max(seen) == 16  # the long loop of the pairs; no second sizing

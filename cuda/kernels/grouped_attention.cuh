@@ -651,13 +651,14 @@ __global__ void __launch_bounds__(
   int32_t last_first_entry = -1;  // warp 0, kQInStage: the last stage's first entry
   // kRegIO: the query rows straight into registers (below), so the last stage's
   // first copies need not wait for them, and the output written from registers:
-  // the wgmma form, and since the thirty-fourth session the other 64-row row
-  // splits at two CTAs per SM too (one slice group: each warp holds whole rows;
-  // fp8 q_len 16 at head 128 1.02-1.19x faster, the mma.sync form at head 64
-  // unchanged within run-to-run spread, BENCHMARKS.md).
+  // the wgmma form, and since the thirty-fourth session the fp8 64-row row split
+  // at two CTAs per SM (head sizes 80-128; one slice group: each warp holds whole
+  // rows; q_len 16 at head 128 1.02-1.19x faster, BENCHMARKS.md). The mma.sync
+  // form of 16-bit caches (JAX_PAGED_WGMMA=0, or a build without sm_90a) keeps the
+  // staging: with kRegIO it has not run on a GPU.
   constexpr bool kRegIO =
-      kWgmma || (kRowSplit && C::kQInRegs && C::kMergeSlices == 1 && C::kCtasPerSm <= 2 &&
-                 D % 16 == 0);
+      kWgmma || (kFp8 && kRowSplit && C::kQInRegs && C::kMergeSlices == 1 &&
+                 C::kCtasPerSm <= 2 && D % 16 == 0);
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block

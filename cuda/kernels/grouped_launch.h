@@ -133,7 +133,7 @@ struct GroupedConfig {
   // buffer of their own: at two or four CTAs per SM that leaves room for one more
   // stage at some head sizes (D = 64 with 64 rows: 3 stages instead of 2; D = 112:
   // 4 instead of 3; a buffer of their own measured 1-3% slower at q_len 16, fifteenth session).
-  // (The 64-row row splits at two CTAs per SM, the wgmma form among them, load them
+  // (The wgmma form and the fp8 64-row row split at two CTAs per SM load them
   // straight into registers and stage nothing: the kernel's kRegIO.)
   static constexpr bool kQInStage = kQInRegs;
   static constexpr int kQOwnBytes = kQInStage ? 0 : kQBytes;  // the buffer of its own

@@ -992,6 +992,24 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
 
 
 @requires_gpu
+def test_gpu_row_split_mma_sync_form():
+    """The mma.sync form of the 16-bit 64-row CTAs at head sizes 80-128, which an H100 /
+    H200 runs only with JAX_PAGED_WGMMA=0 (read once per process, so in a pytest run of
+    its own): the other tests check the wgmma form there, and this form is what other
+    GPUs and builds without sm_90a run. Its cases: the page-layout test at those head
+    sizes (every block size, both 16-bit dtypes) and two many-items cases."""
+    cases = [f"test_gpu_row_split_64_rows_every_page_layout[{c}]" for c in (
+        "96-32-bfloat16", "128-32-float16", "128-16-bfloat16", "128-8-float16",
+        "80-16-bfloat16", "112-8-float16")]
+    cases += [f"test_gpu_row_split_many_items[{c}]" for c in ("128-16-bfloat16", "96-16-float16")]
+    env = dict(os.environ, JAX_PAGED_WGMMA="0", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *(f"{__file__}::{c}" for c in cases)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, proc.stdout[-3000:]
+
+
+@requires_gpu
 @pytest.mark.parametrize("head_size,block_size,cache_dtype", [
     (128, 16, jnp.bfloat16), (128, 8, jnp.bfloat16), (128, 32, jnp.float16),
     (96, 16, jnp.float16)])

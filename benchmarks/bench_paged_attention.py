@@ -301,14 +301,14 @@ def time_loop(step, carry0, sets, args) -> dict:
     # 739-1123 us and read the bandwidth 6-8% above the other runs'). If the measured short
     # loop lasts well under what the probe accepted (half the target), size R again from
     # it and measure once more.
-    if statistics.median(short) < 0.4 * target and R < args.max_loop:
-        R = min(args.max_loop, next_pow2(math.ceil(R * target / max(statistics.median(short), 1e-9))))
-        if R > probe_R:
+    if statistics.median(short) < 0.4 * target:
+        R_new = min(args.max_loop,
+                    next_pow2(math.ceil(R * target / max(statistics.median(short), 1e-9))))
+        if R_new > R:
+            R = R_new
             f = _loop_fn(step, R, n, unroll)
             _wall(lambda: f(carry0, sets))              # compile + warm-up
             short, long_ = measure_pairs(f, R)
-        else:
-            R = probe_R
     calls = R * n_calls
     samples = slope_per_call(short, long_, calls, 2 * calls)
     average = statistics.median(long_) / (2 * calls)

@@ -502,8 +502,7 @@ std::vector<double> Reference(const Data& x, int tiles, double scale) {
 
 // smem: the dynamic shared memory asked for (>= the form's own); more than the
 // stages need limits the CTAs per SM, as the grouped kernel's larger stages do.
-template <int kWgs, bool kN32, int kFp8>
-constexpr int kOwnSmem = kFp8 ? kFp8SmemBytes : kSmemBytes;
+constexpr int OwnSmem(int fp8) { return fp8 ? kFp8SmemBytes : kSmemBytes; }
 
 template <int kWgs, bool kN32, int kFp8 = 0>
 void Launch(int items, const Data& x, float* out, int tiles, float scale_log2, int smem) {
@@ -512,7 +511,7 @@ void Launch(int items, const Data& x, float* out, int tiles, float scale_log2, i
 }
 
 template <int kWgs, bool kN32, int kFp8 = 0>
-int CtasPerSm(int smem = kOwnSmem<kWgs, kN32, kFp8>) {
+int CtasPerSm(int smem = OwnSmem(kFp8)) {
   int n = 0;
   CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, TileLoop<kWgs, kN32, kFp8>, 128 * kWgs,
                                                         smem));
@@ -525,7 +524,7 @@ bool Check(const Data& x, float* out, int tiles) {
   const int items = 2;
   CUDA_OK(cudaMemset(out, 0xFF, sizeof(float) * items * kRows * kD));  // NaN: unwritten outputs
   Launch<kWgs, kN32, kFp8>(items, x, out, tiles, static_cast<float>(scale * 1.4426950408889634),
-                           kOwnSmem<kWgs, kN32, kFp8>);
+                           OwnSmem(kFp8));
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got(items * kRows * kD);
@@ -551,7 +550,7 @@ bool Check(const Data& x, float* out, int tiles) {
 }
 
 template <int kWgs, bool kN32, int kFp8 = 0>
-double TimeUs(const Data& x, float* out, int items, int tiles, int smem = kOwnSmem<kWgs, kN32, kFp8>) {
+double TimeUs(const Data& x, float* out, int items, int tiles, int smem = OwnSmem(kFp8)) {
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(kD)));
   cudaEvent_t a, b;
   CUDA_OK(cudaEventCreate(&a));

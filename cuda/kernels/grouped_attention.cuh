@@ -655,10 +655,10 @@ __global__ void __launch_bounds__(
   // at two CTAs per SM (head sizes 80-128; one slice group: each warp holds whole
   // rows; q_len 16 at head 128 1.02-1.19x faster, BENCHMARKS.md). The mma.sync
   // form of 16-bit caches (JAX_PAGED_WGMMA=0, or a build without sm_90a) keeps the
-  // staging: with kRegIO it has not run on a GPU.
+  // staging: with kRegIO it has not run on a GPU. (C::kQInRegs: the row split,
+  // not the wide one; fp8 caches and wgmma both have D % 16 == 0.)
   constexpr bool kRegIO =
-      kWgmma || (kFp8 && kRowSplit && C::kQInRegs && C::kMergeSlices == 1 &&
-                 C::kCtasPerSm <= 2 && D % 16 == 0);
+      kWgmma || (kFp8 && C::kQInRegs && C::kMergeSlices == 1 && C::kCtasPerSm <= 2);
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block

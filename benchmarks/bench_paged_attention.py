@@ -399,6 +399,64 @@ def measure_copy_bandwidth(args) -> dict:
 
 
 # ---------------------------------------------------------------------------
+# Matrix-product rate and the roofline bound
+# ---------------------------------------------------------------------------
+def measure_matmul_rate(args) -> dict:
+    """Tensor-core reference measured in the same run, beside the copy bandwidth:
+    c <- c @ b for [n, n] matrices of the benchmark's dtype (XLA's own GEMM), 2 n^3
+    flops per call, timed by the loop method. With the copy bandwidth it gives each
+    row the least time a call could take (see attention_work, roofline_s)."""
+    n = args.matmul_n
+    res: dict[str, Any] = dict(n=n, dtype=args.dtype, flops_per_call=2 * n ** 3,
+                               kernel=f"c @ b, [{n}, {n}] {args.dtype}", tflops=None)
+    if n <= 0:
+        res["error"] = "not measured (--matmul-n 0)"
+        return res
+    dtype = DTYPES[args.dtype]
+    k1, k2 = jax.random.split(rkey(args.seed + 54321))
+    c = block(jax.jit(lambda k: jax.random.normal(k, (n, n), dtype))(k1))
+    # Entries of b ~ N(0, 1/n): a product keeps the carry's scale, so the loop
+    # neither overflows nor underflows.
+    b = block(jax.jit(lambda k: (jax.random.normal(k, (n, n), jnp.float32)
+                                 * (1.0 / math.sqrt(n))).astype(dtype))(k2))
+    try:
+        t = time_loop(lambda c, b: c @ b, c, [(b,)],
+                      argparse.Namespace(**dict(vars(args), min_calls_per_iter=1)))
+        res.update(us=t["median_s"] * 1e6, tflops=res["flops_per_call"] / t["median_s"] / 1e12,
+                   R=t["R"], samples_us=[s * 1e6 for s in t["samples_s"]])
+    except Exception as e:  # pragma: no cover
+        res["error"] = short_error(e)
+    del c, b
+    return res
+
+
+def attention_work(lens, q_len: int, num_heads: int, head_size: int, window: int | None,
+                   query_itemsize: int, kv_bytes: int) -> tuple[int, int]:
+    """(useful flops, least bytes moved) of one paged_attention call. Flops: 4 *
+    head_size per (query head, attended token) pair (2 for q.k, 2 for p.v), where the
+    new token i of a sequence of length L sits at position L - q_len + i and attends
+    the tokens up to it (the last `window` of them with a window); padded rows of a
+    tensor-core tile are not counted. Bytes: kv_bytes (the K and V a call must read)
+    plus the query read and the output written."""
+    lens = np.asarray(lens, np.int64)
+    pos = lens[:, None] - q_len + np.arange(q_len)[None, :]
+    attended = np.clip(pos + 1, 0, None)
+    if window:
+        attended = np.minimum(attended, window)
+    flops = 4 * head_size * num_heads * int(attended.sum())
+    io_bytes = int(kv_bytes) + 2 * len(lens) * q_len * num_heads * head_size * query_itemsize
+    return flops, io_bytes
+
+
+def roofline_s(flops: int, io_bytes: int, copy_tbps, matmul_tflops) -> float | None:
+    """The least time of a call on this device: its bytes at the same-run copy
+    bandwidth or its flops at the same-run matrix-product rate, whichever is longer."""
+    if not copy_tbps or not matmul_tflops:
+        return None
+    return max(io_bytes / (copy_tbps * 1e12), flops / (matmul_tflops * 1e12))
+
+
+# ---------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------
 def cache_shapes(cfg: Config, num_blocks: int):
@@ -661,7 +719,8 @@ def pallas_step(fn, params: set, kwargs: dict, scale: float, interpret: bool):
 # ---------------------------------------------------------------------------
 # One configuration
 # ---------------------------------------------------------------------------
-def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dict:
+def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar,
+                 matmul_tflops=None) -> dict:
     plan = plan_config(cfg, args)
     scale = cfg.head_size ** -0.5
     res: dict[str, Any] = dict(
@@ -696,7 +755,7 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
     tol = TOLERANCE[cfg.dtype]
 
     def measure(name, step, step_sets, extra=None, truth=truth, ref_out=ref_out,
-                kv_bytes=plan["kv_bytes"], q=q):
+                kv_bytes=plan["kv_bytes"], q=q, q_len=1, window=None):
         bar.set_description(f"{cfg.label}: {name}")
         r: dict[str, Any] = dict(extra or {})
         unquantised = r.pop("unquantised_truth", None)
@@ -721,6 +780,13 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
             r["kv_bytes"] = kv_bytes
             r["tbps"] = kv_bytes / main["median_s"] / 1e12
             r["frac_copy"] = r["tbps"] / copy_tbps if copy_tbps else None
+            r["flops"], r["io_bytes"] = attention_work(
+                plan["lens"], q_len, cfg.num_heads, cfg.head_size, window,
+                jnp.dtype(q.dtype).itemsize, kv_bytes)
+            bound = roofline_s(r["flops"], r["io_bytes"], copy_tbps, matmul_tflops)
+            if bound is not None:
+                r["roofline_us"] = bound * 1e6
+                r["frac_roofline"] = bound / main["median_s"]
         except Exception as e:
             r["error"] = short_error(e)
             r["traceback"] = traceback.format_exc(limit=6)
@@ -791,7 +857,7 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar) -> dic
         res["impls"][vname] = measure(
             vname, jax_paged_step(jp, impl, scale, args.partition_size, **kwargs), vsets,
             extra, truth=vtruth, ref_out=None, kv_bytes=vbytes,
-            q=vq if vq is not None else q)
+            q=vq if vq is not None else q, q_len=max(1, n_new), window=kwargs.get("sliding_window"))
     del fp8_sets
 
     # Pallas GPU kernel on the same data, converted once outside timing
@@ -910,7 +976,7 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     copy = meta["copy_bandwidth"].get("tbps")
     method = meta["args"]["method"]
     lines = []
-    hdr = (f"{'config':<24} {'impl':<14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'xref':>6} "
+    hdr = (f"{'config':<24} {'impl':<14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'%roof':>6} {'xref':>6} "
            f"{'xpallas':>7} {'xFI*':>6} {'max|err|':>9} {'rel err':>8} {'|d ref|':>8}  check")
     if method == "both":
         hdr = hdr.replace(f" {'TB/s':>6}", f" {'us(disp)':>9} {'TB/s':>6}")
@@ -941,6 +1007,7 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
             if method == "both":
                 row += f"{fmt(x.get('dispatch', {}).get('us'), '9.1f')} "
             row += (f"{fmt_bw(x['tbps'])} {fmt(100 * x['frac_copy'] if x.get('frac_copy') else None, '5.1f', '-')}% "
+                    f"{fmt(100 * x['frac_roofline'] if x.get('frac_roofline') else None, '5.1f', '-')}% "
                     f"{fmt(t_ref / us if t_ref else None, '6.2f')} "
                     f"{fmt(t_pal / us if t_pal else None, '7.2f')} "
                     f"{fmt(fi[0] / us if fi else None, '6.2f')} "
@@ -948,6 +1015,10 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
                     f"{fmt(x.get('max_abs_diff_vs_reference'), '8.1e')}  {check}")
             lines.append(row)
         lines.append("")
+    lines.append("%roof: the least time a call could take on this device / the row's time, the least "
+                 "time being its bytes (K and V read, query read, output written) at the same-run copy "
+                 "bandwidth or its useful flops (4 x head_size per attended query-head/token pair) at "
+                 "the same-run matrix-product rate, whichever is longer (JSON roofline_us).")
     lines.append("xref / xpallas / xFI*: speed-up of the row over the jnp reference / Pallas GPU / "
                  "FlashInfer* (time of the other / time of the row; > 1 = the row is faster).")
     lines.append("max|err|, rel err = max |out - truth|, ||out - truth|| / ||truth|| against an independent "
@@ -988,6 +1059,9 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
         f"copy bandwidth (this run): {fmt_bw(copy, 0)} TB/s "
         f"[loop {fmt_bw(cb.get('loop', {}).get('tbps'), 0)}, dispatch {fmt_bw(cb.get('dispatch', {}).get('tbps'), 0)}; "
         f"{cb.get('array_bytes', 0) / 2**30:.2f} GiB float32 y = x + 1, bytes read + written]")
+    mm = meta.get("matmul_rate") or {}
+    lines.append(f"matrix-product rate (this run): {fmt(mm.get('tflops'), '.3g')} TFLOP/s "
+                 f"[{mm.get('kernel', '-')}, loop{'; ' + mm['error'] if mm.get('error') else ''}]")
     fixed = [v["loop"]["fixed_per_sample_s"] for r in results for v in r["impls"].values()
              if isinstance(v, dict) and "fixed_per_sample_s" in v.get("loop", {})]
     if fixed:
@@ -1104,6 +1178,9 @@ def parse_args(argv=None):
                    help="max iterations R of the loop method's short loop (its long one makes 2R); "
                         "max calls per sample of the dispatch method")
     p.add_argument("--copy-gb", type=float, default=None, help="GiB of the copy-bandwidth array")
+    p.add_argument("--matmul-n", type=int, default=None,
+                   help="size n of the [n, n] matrix product whose same-run rate bounds the rows' "
+                        "arithmetic (%%roof; default 8192 on a GPU, 256 elsewhere; 0: not measured)")
     p.add_argument("--max-cache-gb", type=float, default=4.0,
                    help="cap on cache bytes allocated per config (all sets, both layouts)")
     p.add_argument("--rotate-mb", type=float, default=256.0,
@@ -1142,6 +1219,8 @@ def parse_args(argv=None):
         args.reps = 5 if args.quick else 15
     if args.target_ms is None:
         args.target_ms = (5.0 if args.quick else 30.0)
+    if args.matmul_n is None:
+        args.matmul_n = 8192 if (on_gpu and not args.quick) else (2048 if on_gpu else 256)
     if args.copy_gb is None:
         args.copy_gb = 2.0 if (on_gpu and not args.quick) else (0.25 if on_gpu else 0.0625)
     opts = {}
@@ -1212,6 +1291,8 @@ def main(argv=None) -> int:
     bar = progress_bar(1 + len(configs) * (n_impl + 1), disable=args.no_progress)
     bar.set_description("copy bandwidth")
     copy = measure_copy_bandwidth(args)
+    bar.set_description("matrix-product rate")
+    matmul = measure_matmul_rate(args)
     bar.update(1)
 
     try:
@@ -1232,9 +1313,16 @@ def main(argv=None) -> int:
                                if k.startswith("JAX_PAGED_")},
         python=platform.python_version(),
         copy_bandwidth=copy,
+        matmul_rate=matmul,
         method={k: v for k, v in METHOD_TEXT.items() if args.method in (k, "both")},
         bandwidth_definition=("effective TB/s = sum over sequences of seq_len * num_kv_heads * "
                               "head_size * 2 (K and V) * itemsize, divided by the time per call"),
+        roofline_definition=("roofline_us = max(io_bytes / copy bandwidth, flops / matrix-product "
+                             "rate), both measured in this run; io_bytes = the K and V bytes above + "
+                             "the query read + the output written; flops = 4 * head_size per "
+                             "(query head, attended token) pair, causal among a multi-token "
+                             "query's new tokens, window applied; frac_roofline = roofline_us / "
+                             "the row's time"),
         correctness=("each impl once per config against an independent float32 ground truth "
                      "(gathered K/V, masked softmax, HIGHEST precision matmuls); tolerance on the "
                      "relative L2 error: " + json.dumps(TOLERANCE)),
@@ -1252,7 +1340,8 @@ def main(argv=None) -> int:
     results = []
     for cfg in configs:
         try:
-            r = bench_config(cfg, args, jp, impls, copy.get("tbps"), bar)
+            r = bench_config(cfg, args, jp, impls, copy.get("tbps"), bar,
+                             matmul_tflops=matmul.get("tflops"))
         except Exception as e:  # setup failed (e.g. out of memory)
             r = dict(config=dataclasses.asdict(cfg), label=cfg.label, kv_bytes=0, impls={},
                      error=short_error(e), traceback=traceback.format_exc(limit=6),

@@ -167,6 +167,11 @@ def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch
     assert result["meta"]["jax_paged_environment"].get("JAX_PAGED_ROW_SPLIT") == "0"
     (row,) = result["results"]
     assert set(row["impls"]) == {"auto"}
+    # The same-run matrix-product rate and each row's roofline bound.
+    assert result["meta"]["matmul_rate"]["tflops"] > 0
+    auto = row["impls"]["auto"]
+    assert auto["flops"] == 4 * 64 * 4 * 2 * 64        # 2 sequences of 64 tokens, 4 heads
+    assert 0 < auto["frac_roofline"] == pytest.approx(auto["roofline_us"] / auto["us"])
 
 
 class _FakeLoop:
@@ -216,3 +221,26 @@ def test_time_loop_sizes_r_again_when_the_probes_ran_slow(monkeypatch):
     t = bench.time_loop(None, None, [()], args)
     assert t["probe_R"] == t["R"] == 8 and t["median_s"] == pytest.approx(per_call)
     assert max(seen) == 16  # the long loop of the pairs; no second sizing
+
+
+def test_attention_work_counts_each_attended_pair_once():
+    """attention_work's flops against a count over every (sequence, new token, token) of
+    the ground truth's mask: causal among the new tokens, the window, a sequence shorter
+    than the query (its first rows attend nothing)."""
+    lens, q_len, heads, d = [7, 1, 40, 3], 4, 3, 16
+    for window in (None, 5):
+        pairs = 0
+        for L in lens:
+            for i in range(q_len):
+                pos = L - q_len + i
+                pairs += sum(1 for t in range(L) if t <= pos and (not window or t > pos - window))
+        flops, io_bytes = bench.attention_work(lens, q_len, heads, d, window, 2, 1000)
+        assert flops == 4 * d * heads * pairs
+        assert io_bytes == 1000 + 2 * len(lens) * q_len * heads * d * 2
+
+
+def test_roofline_is_the_longer_of_the_two_bounds():
+    # 1 GB at 4 TB/s = 250 us; 100 GFLOP at 500 TFLOP/s = 200 us.
+    assert bench.roofline_s(100e9, 1e9, 4.0, 500.0) == pytest.approx(250e-6)
+    assert bench.roofline_s(200e9, 1e9, 4.0, 500.0) == pytest.approx(400e-6)
+    assert bench.roofline_s(1, 1, None, 500.0) is None and bench.roofline_s(1, 1, 4.0, None) is None

@@ -39,6 +39,8 @@
 #                    hazard in a row-split kernel is a finding, see benchmarks/README.md)
 #   SANITIZER_CASE_ARGS  arguments of scripts/sanitizer_case.py, e.g.
 #                    "--impls grouped --head-sizes 256 --no-cache-ops"
+#   SANITIZER_RUNS   runs of the sanitizer stage at most, while compute-sanitizer itself crashes
+#                    (exit >= 128 with no summary line; default 3)
 #   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":
 #                    XLA's own probing calls return CUDA errors by design; a failed launch
 #                    of ours surfaces as a Python exception and fails the case anyway)
@@ -230,12 +232,19 @@ else
     summary_re="(ERROR|RACECHECK) SUMMARY"
     # compute-sanitizer itself sometimes dies of a segfault (exit 139, no summary line;
     # twelfth session: twice on fresh H200 machines, dmesg naming the compute-sanitizer
-    # binary): run it once more and say so, keeping the first log.
-    if [ "$san_rc" -ge 128 ] && ! grep -qE "$summary_re" "$OUTDIR/sanitizer.log"; then
-      mv "$OUTDIR/sanitizer.log" "$ROOT/out/sanitizer_crashed.log"
-      retried="compute-sanitizer crashed (exit $san_rc; log out/sanitizer_crashed.log), run again: "
+    # binary; thirty-fifth session: twice in a row, then once more in the next call): run
+    # it again, up to SANITIZER_RUNS runs in all (default 3), and say so, keeping each
+    # crashed run's log.
+    runs=1
+    while [ "$san_rc" -ge 128 ] && ! grep -qE "$summary_re" "$OUTDIR/sanitizer.log" &&
+          [ "$runs" -lt "${SANITIZER_RUNS:-3}" ]; do
+      mkdir -p "$ROOT/out"
+      mv "$OUTDIR/sanitizer.log" "$ROOT/out/sanitizer_crashed_$runs.log"
+      retried+="run $runs: compute-sanitizer crashed (exit $san_rc; log out/sanitizer_crashed_$runs.log); "
+      runs=$((runs + 1))
       run_sanitizer
-    fi
+      san_rc=$?
+    done
     n_err=$(grep -oE "$summary_re: [0-9]+" "$OUTDIR/sanitizer.log" | awk '{s += $3} END {print s + 0}')
     n_sum=$(grep -cE "$summary_re" "$OUTDIR/sanitizer.log")
     case_line=$(grep -E "^sanitizer case:" "$OUTDIR/sanitizer.log" | tail -n 1)

@@ -39,6 +39,15 @@
 //           CTA into shared memory for wgmma would do the arithmetic faster
 //           (the twenty-fourth session's fp8 shadow did that for mma.sync and
 //           was 1.15-1.37x slower).
+//   form 3 (thirty-fifth session) "swap A and B": S^T = K Q^T and O^T = V^T P^T,
+//           K and V the products' A operands from registers (ldmatrix of the
+//           pages as they are; fp8 pages widened in registers, each value once
+//           per CTA), Q^T and P^T the B operands in shared memory, m64n64k16
+//           products (the tile's 64 tokens as M, the 64 query rows as N); a
+//           query row's max over the four warps' tokens through shared memory,
+//           P^T stored by stmatrix.trans. It asks whether fp8 q_len 16 can do
+//           its arithmetic without widening into shared memory (the rows above)
+//           and at n64 instead of n32.
 // All are checked first against a float64 CPU computation (1, 2 and 5 tiles).
 //
 // Build and run (CMake builds it as jax_paged_wgmma_ceiling when the CUDA
@@ -64,6 +73,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -112,6 +122,39 @@ __device__ __forceinline__ void NamedArrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The stages as bulk copies would leave them, filled once per CTA by its
+// threads: K pages copied as they are, V rows with the 32-byte swizzle (the two
+// 16-byte halves of row d swapped when d & 4); fp8 pages as they are.
+template <bool kFp8>
+__device__ void FillStages(unsigned char* smem, const void* k_glob, const void* v_glob) {
+  const int tid = threadIdx.x;
+  for (int i = tid; kFp8 && i < kStages * kFp8StageBytes / 16; i += blockDim.x) {
+    const int byte = 16 * i;
+    const int st = byte / kFp8StageBytes;
+    const int in_st = byte - st * kFp8StageBytes;
+    const bool is_k = in_st < kPages * kFp8PageBytes;
+    const int src = st * kPages * kFp8PageBytes + (is_k ? in_st : in_st - kPages * kFp8PageBytes);
+    reinterpret_cast<uint4*>(smem)[i] = static_cast<const uint4*>(is_k ? k_glob : v_glob)[src / 16];
+  }
+  for (int i = tid; !kFp8 && i < kSmemBytes / 16; i += blockDim.x) {
+    const int byte = 16 * i;
+    const int st = byte / kStageBytes;
+    const int in_st = byte - st * kStageBytes;
+    uint4 v;
+    int dst = byte;
+    if (in_st < kPages * kPageBytes) {
+      v = static_cast<const uint4*>(k_glob)[(st * kPages * kPageBytes + in_st) / 16];
+    } else {
+      const int vb = in_st - kPages * kPageBytes;  // byte in the stage's V pages
+      v = static_cast<const uint4*>(v_glob)[(st * kPages * kPageBytes + vb) / 16];
+      const int row = (vb % kPageBytes) / 32;    // dim
+      const int half = (vb / 16) & 1;
+      dst = byte - 16 * half + 16 * (half ^ ((row >> 2) & 1));
+    }
+    *reinterpret_cast<uint4*>(smem + dst) = v;
+  }
+}
+
 // kWgs warpgroups per CTA (1: form 1; 2: form 2). One CTA per item: `tiles`
 // tiles, tile t from stage t % 2; warpgroup g takes tiles g, g + kWgs, ...
 // kN32: Q.K as m64n32k16 products over tokens 8 h..8 h + 7 of the tile's four
@@ -140,33 +183,7 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
   const int tq = lane & 3;
   const int row0 = 16 * warp + gid;  // this thread's rows: row0, row0 + 8
 
-  // Stages: K pages copied as they are, V rows with the 32-byte swizzle (the
-  // two 16-byte halves of row d swapped when d & 4); fp8 pages as they are.
-  for (int i = tid; kFp8 != 0 && i < kStages * kFp8StageBytes / 16; i += blockDim.x) {
-    const int byte = 16 * i;
-    const int st = byte / kFp8StageBytes;
-    const int in_st = byte - st * kFp8StageBytes;
-    const bool is_k = in_st < kPages * kFp8PageBytes;
-    const int src = st * kPages * kFp8PageBytes + (is_k ? in_st : in_st - kPages * kFp8PageBytes);
-    reinterpret_cast<uint4*>(smem)[i] = static_cast<const uint4*>(is_k ? k_glob : v_glob)[src / 16];
-  }
-  for (int i = tid; kFp8 == 0 && i < kSmemBytes / 16; i += blockDim.x) {
-    const int byte = 16 * i;
-    const int st = byte / kStageBytes;
-    const int in_st = byte - st * kStageBytes;
-    uint4 v;
-    int dst = byte;
-    if (in_st < kPages * kPageBytes) {
-      v = static_cast<const uint4*>(k_glob)[(st * kPages * kPageBytes + in_st) / 16];
-    } else {
-      const int vb = in_st - kPages * kPageBytes;  // byte in the stage's V pages
-      v = static_cast<const uint4*>(v_glob)[(st * kPages * kPageBytes + vb) / 16];
-      const int row = (vb % kPageBytes) / 32;    // dim
-      const int half = (vb / 16) & 1;
-      dst = byte - 16 * half + 16 * (half ^ ((row >> 2) & 1));
-    }
-    *reinterpret_cast<uint4*>(smem + dst) = v;
-  }
+  FillStages<kFp8 != 0>(smem, k_glob, v_glob);
   FenceProxyAsyncShared();  // generic stores, then the tensor cores' reads
   __syncthreads();
 
@@ -402,6 +419,289 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
   }
 }
 
+// Form 3 (thirty-fifth session): K and V as the products' A operands, from
+// registers ("swap A and B"): S^T = K Q^T and O^T = V^T P^T. The tile's 64
+// tokens are S^T's M rows (warp w: page w), the 64 query rows its N = 64
+// columns (one m64n64k16 per 16 dims, half as many Q.K products as form 1's
+// m64n32k16); O^T's M rows are the head's dims (two halves of 64), its columns
+// the query rows. Q^T and P^T are the B operands, K-major in shared memory:
+// [16-element K chunk / 8][64 rows][8], Q^T staged once per CTA, P^T written
+// per tile by stmatrix.trans from S^T's accumulators. A warp reads each K and V
+// value of its page once (ldmatrix), so fp8 pages are widened in registers,
+// once per CTA, with no 16-bit copy in shared memory: read 4 bytes per lane
+// (a b16 ldmatrix of 16-byte rows) and widened to two f16 pairs, lane tq's k =
+// 2 tq + e holds element 4 tq + e of 16 and k = 8 + 2 tq + e element 4 tq + 2 +
+// e (Perm16); Q^T's dims are staged in that order, and S^T's M rows (tokens)
+// are read in it too, so that P^T's K order is the one V^T's fragments have.
+// A query row's max is over the four warps' tokens: one exchange through
+// shared memory per tile (and the sums once at the end).
+constexpr int kSwapQBytes = kRows * kD * 2;       // Q^T: [kD / 8][kRows][8] of 16 bits
+constexpr int kSwapPBytes = kTile * kRows * 2;    // P^T: [kTile / 8][kRows][8]
+constexpr int kSwapRedBytes = 2 * kRows * 4 * 4;  // [2 (tile parity)][kRows][4 warps] float
+constexpr int SwapStagesBytes(int fp8) { return fp8 ? kStages * kFp8StageBytes : kSmemBytes; }
+constexpr int SwapSmem(int fp8) {
+  return SwapStagesBytes(fp8) + kSwapQBytes + kSwapPBytes + kSwapRedBytes;
+}
+
+// The element of a 16-element K step that K index k holds (see form 3).
+__host__ __device__ constexpr int Perm16(int k, bool fp8) {
+  return !fp8 ? k : (k < 8 ? 4 * (k / 2) + k % 2 : 4 * ((k - 8) / 2) + 2 + k % 2);
+}
+
+// Four 8x8 16-bit matrices from mma fragments, each stored transposed: row i of
+// matrix j (at lane 8 j + i's address) is column i of the fragment.
+__device__ __forceinline__ void Stsm4T(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                       uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+// Registers an asynchronous product reads (A) or writes (accumulators): kept
+// where they are, unread and unwritten by other code, until this point.
+template <int N>
+__device__ __forceinline__ void KeepRegs(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void KeepRegs(float (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    asm volatile("" : "+f"(a[i][0]), "+f"(a[i][1]), "+f"(a[i][2]), "+f"(a[i][3])::"memory");
+}
+
+template <int kFp8>
+__global__ void __launch_bounds__(128, 2)
+    SwapLoop(const void* __restrict__ k_glob, const void* __restrict__ v_glob,
+             const uint16_t* __restrict__ q_glob, float* __restrict__ out, int tiles,
+             float scale_log2) {
+  constexpr bool kF8 = kFp8 != 0;
+  using TM = std::conditional_t<kF8, __half, T>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int gid = lane >> 2;
+  const int tq = lane & 3;
+  FillStages<kF8>(smem, k_glob, v_glob);
+  constexpr int kQOff = SwapStagesBytes(kFp8);
+  constexpr int kPOff = kQOff + kSwapQBytes;
+  constexpr int kRedOff = kPOff + kSwapPBytes;
+  // Q^T: K index i of row r (dim 16 (i / 16) + Perm16(i % 16)) at [i / 8][r][i % 8].
+  for (int e = tid; e < kRows * kD; e += blockDim.x) {
+    const int r = e / kD, i = e % kD;
+    reinterpret_cast<uint16_t*>(smem + kQOff)[((i / 8) * kRows + r) * 8 + i % 8] =
+        q_glob[r * kD + 16 * (i / 16) + Perm16(i % 16, kF8)];
+  }
+  FenceProxyAsyncShared();  // generic stores, then the tensor cores' reads
+  __syncthreads();
+
+  const uint32_t smem0 = SmemAddr(smem);
+  const uint32_t q_addr = smem0 + kQOff, p_addr = smem0 + kPOff;
+  float* red = reinterpret_cast<float*>(smem + kRedOff);
+  const uint64_t b_desc = SmemDescriptor(16u * kRows, 128u, SmemSwizzle::kNone);
+  const int sel = lane >> 3;  // the ldmatrix / stmatrix matrix this lane addresses
+
+  uint32_t ka[kD / 16][4];           // K of this warp's page: [16-dim step] A fragments
+  uint32_t va[2 * kPages][4];        // V^T: [dims half * kPages + page] A fragments
+  float s[kRows / 8][4];             // S^T: [query-row n-tile]: tokens gid, gid + 8
+  float o[2][kRows / 8][4];          // O^T: [dims half][query-row n-tile]
+  float m_run[kRows / 4], l_run[kRows / 4];  // this thread's rows: c -> 8 (c / 2) + 2 tq + c % 2
+#pragma unroll
+  for (int c = 0; c < kRows / 4; ++c) {
+    m_run[c] = -INFINITY;
+    l_run[c] = 0.0f;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int j = 0; j < kRows / 8; ++j) o[h][j][0] = o[h][j][1] = o[h][j][2] = o[h][j][3] = 0.0f;
+
+  // K of tile t, page `warp`: M row m (lane's matrix sel: m = lane % 8 + 8 (sel & 1)) is
+  // token Perm16(m); 16-bit pages [D/8][16][8] (one step: chunks 2 kk, 2 kk + 1), fp8
+  // pages [D/16][16][16] bytes (one step: chunk kk, widened).
+  auto load_k = [&](int t) {
+    const int m = (lane & 7) + 8 * (sel & 1);
+    if constexpr (!kF8) {
+      const uint32_t row = smem0 + (t & 1) * kStageBytes + warp * kPageBytes + m * 16 + (sel >> 1) * 256;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) Ldsm4(ka[kk], row + kk * 512);
+    } else {
+      const uint32_t row = smem0 + (t & 1) * kFp8StageBytes + warp * kFp8PageBytes +
+                           Perm16(m, true) * 16 + (sel >> 1) * 256;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; kk += 2) {
+        uint32_t r[4];  // (M gid, step kk), (gid + 8, kk), (gid, kk + 1), (gid + 8, kk + 1)
+        Ldsm4(r, row + kk * 256);
+        Fp8x4ToHalf2x2<Fp8>(r[0], ka[kk][0], ka[kk][2]);
+        Fp8x4ToHalf2x2<Fp8>(r[1], ka[kk][1], ka[kk][3]);
+        Fp8x4ToHalf2x2<Fp8>(r[2], ka[kk + 1][0], ka[kk + 1][2]);
+        Fp8x4ToHalf2x2<Fp8>(r[3], ka[kk + 1][1], ka[kk + 1][3]);
+      }
+    }
+  };
+  // V^T of tile t: dims 64 h + 16 warp + (0..15) by the tokens of page p. 16-bit V rows
+  // (32 bytes, the 32-byte swizzle): matrices (dims +0 / +8) x (tokens 0-7 / 8-15);
+  // fp8 V rows (16 bytes, every token of the page): matrices (dims +0 / +8) x (page p / p + 1).
+  auto load_v = [&](int t) {
+    const int dim_in = (lane & 7) + 8 * (sel & 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int dim = 64 * h + 16 * warp + dim_in;
+      if constexpr (!kF8) {
+        const uint32_t base = smem0 + (t & 1) * kStageBytes + kPages * kPageBytes + dim * 32 +
+                              16 * ((sel >> 1) ^ ((dim >> 2) & 1));
+#pragma unroll
+        for (int p = 0; p < kPages; ++p) Ldsm4(va[h * kPages + p], base + p * kPageBytes);
+      } else {
+        const uint32_t base = smem0 + (t & 1) * kFp8StageBytes + kPages * kFp8PageBytes +
+                              (sel >> 1) * kFp8PageBytes + dim * 16;
+#pragma unroll
+        for (int p = 0; p < kPages; p += 2) {
+          uint32_t r[4];  // (dims +0, page p), (+8, p), (+0, p + 1), (+8, p + 1)
+          Ldsm4(r, base + p * kFp8PageBytes);
+          uint32_t(&a)[4] = va[h * kPages + p];
+          uint32_t(&b)[4] = va[h * kPages + p + 1];
+          Fp8x4ToHalf2x2<Fp8>(r[0], a[0], a[2]);
+          Fp8x4ToHalf2x2<Fp8>(r[1], a[1], a[3]);
+          Fp8x4ToHalf2x2<Fp8>(r[2], b[0], b[2]);
+          Fp8x4ToHalf2x2<Fp8>(r[3], b[1], b[3]);
+        }
+      }
+    }
+  };
+  auto issue_pv = [&]() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int p = 0; p < kPages; ++p)
+        WgmmaAcc<TM, 64, 0, kRows / 8>(o[h], va[h * kPages + p], WithStart(b_desc, p_addr + p * 2048));
+  };
+
+  // One tile: its Q.K, with the previous tile's P.V when kWithPv (the first tile has
+  // none: a separate instantiation, so that no branch sits between products), then
+  // the online softmax into m_run, l_run, o and P^T.
+  auto tile_step = [&](int t, auto with_pv) {
+    constexpr bool kWithPv = decltype(with_pv)::value;
+    load_k(t);
+    if constexpr (kWithPv) load_v(t - 1);
+#pragma unroll
+    for (int j = 0; j < kRows / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    KeepRegs(s);
+    KeepRegs(o[0]);
+    KeepRegs(o[1]);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      WgmmaAcc<TM, 64, 0, kRows / 8>(s, ka[kk], WithStart(b_desc, q_addr + kk * 2048));
+    if constexpr (kWithPv) issue_pv();  // the previous tile's P^T, written before the last barrier
+    WgmmaCommit();
+    WgmmaWaitAll();
+    KeepRegs(ka);
+    KeepRegs(va);
+    KeepRegs(s);
+    KeepRegs(o[0]);
+    KeepRegs(o[1]);
+
+    // Online softmax over the tile's 64 tokens: this warp's 16 (its lanes' gid), then
+    // the four warps' maxima through shared memory.
+    float mx[kRows / 4];
+#pragma unroll
+    for (int c = 0; c < kRows / 4; ++c) {
+      mx[c] = fmaxf(s[c / 2][c % 2], s[c / 2][2 + c % 2]) * scale_log2;
+      mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 4));
+      mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 8));
+      mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 16));
+    }
+    float* red_t = red + (t & 1) * kRows * 4;
+    if (gid == 0) {
+#pragma unroll
+      for (int c = 0; c < kRows / 4; ++c) red_t[(8 * (c / 2) + 2 * tq + c % 2) * 4 + warp] = mx[c];
+    }
+    __syncthreads();
+    float alpha[kRows / 4];
+#pragma unroll
+    for (int c = 0; c < kRows / 4; ++c) {
+      const float4 w4 = reinterpret_cast<const float4*>(red_t)[8 * (c / 2) + 2 * tq + c % 2];
+      const float m_new = fmaxf(m_run[c], fmaxf(fmaxf(w4.x, w4.y), fmaxf(w4.z, w4.w)));
+      alpha[c] = exp2f(m_run[c] - m_new);
+      m_run[c] = m_new;
+      l_run[c] *= alpha[c];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < kRows / 8; ++j) {
+        o[h][j][0] *= alpha[2 * j];
+        o[h][j][1] *= alpha[2 * j + 1];
+        o[h][j][2] *= alpha[2 * j];
+        o[h][j][3] *= alpha[2 * j + 1];
+      }
+    // P^T: n-tiles j, j + 1 x token halves, as four transposed 8x8 matrices; matrix
+    // (n-tile j + (sel >> 1), half sel & 1), row lane % 8: query row 8 (j + (sel >> 1)) +
+    // lane % 8 at K chunk 2 warp + (sel & 1).
+#pragma unroll
+    for (int j = 0; j < kRows / 8; j += 2) {
+      uint32_t pk[4];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        float e[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          e[i] = exp2f(s[j + u][i] * scale_log2 - m_run[2 * (j + u) + (i & 1)]);
+          l_run[2 * (j + u) + (i & 1)] += e[i];
+        }
+        pk[2 * u] = PackPair<TM>(e[0], e[1]);      // token gid
+        pk[2 * u + 1] = PackPair<TM>(e[2], e[3]);  // token gid + 8
+      }
+      Stsm4T(p_addr + (2 * warp + (sel & 1)) * 1024 + (8 * (j + (sel >> 1)) + (lane & 7)) * 16,
+             pk[0], pk[1], pk[2], pk[3]);
+    }
+    FenceProxyAsyncShared();  // P^T's generic stores, then the tensor cores' reads
+    __syncthreads();
+  };
+  tile_step(0, std::false_type{});
+  for (int t = 1; t < tiles; ++t) tile_step(t, std::true_type{});
+  load_v(tiles - 1);
+  KeepRegs(o[0]);
+  KeepRegs(o[1]);
+  WgmmaFence();
+  issue_pv();
+  WgmmaCommit();
+  WgmmaWaitAll();
+  KeepRegs(va);
+  KeepRegs(o[0]);
+  KeepRegs(o[1]);
+
+  // The rows' sums: this warp's tokens, then the four warps' (parity 0's buffer: every
+  // thread read the last tile's maxima before the last barrier).
+#pragma unroll
+  for (int c = 0; c < kRows / 4; ++c) {
+    l_run[c] += __shfl_xor_sync(0xffffffffu, l_run[c], 4);
+    l_run[c] += __shfl_xor_sync(0xffffffffu, l_run[c], 8);
+    l_run[c] += __shfl_xor_sync(0xffffffffu, l_run[c], 16);
+  }
+  if (gid == 0) {
+#pragma unroll
+    for (int c = 0; c < kRows / 4; ++c) red[(8 * (c / 2) + 2 * tq + c % 2) * 4 + warp] = l_run[c];
+  }
+  __syncthreads();
+  float* o_out = out + static_cast<size_t>(blockIdx.x) * kRows * kD;
+#pragma unroll
+  for (int c = 0; c < kRows / 4; ++c) {
+    const int row = 8 * (c / 2) + 2 * tq + c % 2;
+    const float4 w4 = reinterpret_cast<const float4*>(red)[row];
+    const float inv = 1.0f / (w4.x + w4.y + w4.z + w4.w);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int dim = 64 * h + 16 * warp + gid;
+      o_out[row * kD + dim] = o[h][c / 2][c % 2] * inv;
+      o_out[row * kD + dim + 8] = o[h][c / 2][2 + c % 2] * inv;
+    }
+  }
+}
+
 // One set of pages and query rows, on the host and on the device.
 struct Data {
   bool fp8 = false;                       // e4m3 pages and an f16 query (else bf16 both)
@@ -500,31 +800,49 @@ std::vector<double> Reference(const Data& x, int tiles, double scale) {
   return out;
 }
 
-// smem: the dynamic shared memory asked for (>= the form's own); more than the
-// stages need limits the CTAs per SM, as the grouped kernel's larger stages do.
-constexpr int OwnSmem(int fp8) { return fp8 ? kFp8SmemBytes : kSmemBytes; }
-
+// A form as the host launches it: its kernel, threads per CTA, its own dynamic
+// shared memory, its name in the checks, and which data set it reads.
+using KernelFn = void (*)(const void*, const void*, const uint16_t*, float*, int, float);
+struct Form {
+  KernelFn kernel;
+  int threads;
+  int smem;
+  std::string name;
+  bool fp8;
+};
 template <int kWgs, bool kN32, int kFp8 = 0>
-void Launch(int items, const Data& x, float* out, int tiles, float scale_log2, int smem) {
-  TileLoop<kWgs, kN32, kFp8><<<items, 128 * kWgs, smem>>>(x.k_dev, x.v_dev, x.q_dev, out, tiles,
+Form TileForm() {
+  return {TileLoop<kWgs, kN32, kFp8>, 128 * kWgs, kFp8 ? kFp8SmemBytes : kSmemBytes,
+          "form " + std::to_string(kWgs) + (kN32 ? " n32" : "") +
+              (kFp8 == 1 ? " fp8" : (kFp8 == 2 ? " fp8 ahead" : "")),
+          kFp8 != 0};
+}
+template <int kFp8>
+Form SwapForm() {
+  return {SwapLoop<kFp8>, 128, SwapSmem(kFp8), std::string("form 3 (swap)") + (kFp8 ? " fp8" : ""),
+          kFp8 != 0};
+}
+
+// smem: the dynamic shared memory asked for (>= the form's own; -1: its own); more
+// than the stages need limits the CTAs per SM, as the grouped kernel's larger stages do.
+void Launch(const Form& f, int items, const Data& x, float* out, int tiles, float scale_log2,
+            int smem) {
+  f.kernel<<<items, f.threads, smem < 0 ? f.smem : smem>>>(x.k_dev, x.v_dev, x.q_dev, out, tiles,
                                                            scale_log2);
 }
 
-template <int kWgs, bool kN32, int kFp8 = 0>
-int CtasPerSm(int smem = OwnSmem(kFp8)) {
+int CtasPerSm(const Form& f, int smem = -1) {
   int n = 0;
-  CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, TileLoop<kWgs, kN32, kFp8>, 128 * kWgs,
-                                                        smem));
+  CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f.kernel, f.threads,
+                                                        smem < 0 ? f.smem : smem));
   return n;
 }
 
-template <int kWgs, bool kN32, int kFp8 = 0>
-bool Check(const Data& x, float* out, int tiles) {
+bool Check(const Form& f, const Data& x, float* out, int tiles) {
   const double scale = 1.0 / std::sqrt(double(kD));
   const int items = 2;
   CUDA_OK(cudaMemset(out, 0xFF, sizeof(float) * items * kRows * kD));  // NaN: unwritten outputs
-  Launch<kWgs, kN32, kFp8>(items, x, out, tiles, static_cast<float>(scale * 1.4426950408889634),
-                           OwnSmem(kFp8));
+  Launch(f, items, x, out, tiles, static_cast<float>(scale * 1.4426950408889634), -1);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got(items * kRows * kD);
@@ -543,24 +861,22 @@ bool Check(const Data& x, float* out, int tiles) {
   const double rel = std::sqrt(err2 / ref2);
   // bf16 (f16) P against float64 on the exact page values: the benchmark's bf16 bound, 1e-2.
   const bool ok = finite && rel < 1e-2;
-  std::printf("check form %d%s%s, %d tiles: rel L2 err %.2e, max |err| %.2e: %s\n", kWgs,
-              kN32 ? " n32" : "", kFp8 == 1 ? " fp8" : (kFp8 == 2 ? " fp8 ahead" : ""), tiles, rel,
-              max_err, ok ? "ok" : "WRONG");
+  std::printf("check %s, %d tiles: rel L2 err %.2e, max |err| %.2e: %s\n", f.name.c_str(), tiles,
+              rel, max_err, ok ? "ok" : "WRONG");
   return ok;
 }
 
-template <int kWgs, bool kN32, int kFp8 = 0>
-double TimeUs(const Data& x, float* out, int items, int tiles, int smem = OwnSmem(kFp8)) {
+double TimeUs(const Form& f, const Data& x, float* out, int items, int tiles, int smem = -1) {
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(kD)));
   cudaEvent_t a, b;
   CUDA_OK(cudaEventCreate(&a));
   CUDA_OK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) Launch<kWgs, kN32, kFp8>(items, x, out, tiles, scale_log2, smem);
+  for (int i = 0; i < 3; ++i) Launch(f, items, x, out, tiles, scale_log2, smem);
   CUDA_OK(cudaGetLastError());
   std::vector<float> ms;
   for (int i = 0; i < 20; ++i) {
     CUDA_OK(cudaEventRecord(a));
-    Launch<kWgs, kN32, kFp8>(items, x, out, tiles, scale_log2, smem);
+    Launch(f, items, x, out, tiles, scale_log2, smem);
     CUDA_OK(cudaEventRecord(b));
     CUDA_OK(cudaEventSynchronize(b));
     float t = 0.0f;
@@ -587,12 +903,13 @@ int main() {
   // (kTwoPerSm: the stages of the grouped kernel's 64-row CTAs, three of 32 KB and their
   // extras, which leave two CTAs per SM.)
   constexpr int kTwoPerSm = 100 * 1024;
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTwoPerSm));
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<1, true, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFp8SmemBytes));
-  CUDA_OK(cudaFuncSetAttribute(TileLoop<1, true, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFp8SmemBytes));
+  const Form n16 = TileForm<1, false>(), pp16 = TileForm<2, false>(), n32 = TileForm<1, true>(),
+             pp32 = TileForm<2, true>(), fp8_start = TileForm<1, true, 1>(),
+             fp8_ahead = TileForm<1, true, 2>(), swap = SwapForm<0>(), swap8 = SwapForm<1>();
+  const Form* forms[] = {&n16, &pp16, &n32, &pp32, &fp8_start, &fp8_ahead, &swap, &swap8};
+  for (const Form* f : forms)
+    CUDA_OK(cudaFuncSetAttribute(f->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 std::max(f->smem, kTwoPerSm)));
   Data x = MakeData(1234u, false);
   Data x8 = MakeData(4321u, true);
   float* out;
@@ -600,36 +917,31 @@ int main() {
   CUDA_OK(cudaMalloc(&out, sizeof(float) * items * kRows * kD));
 
   bool ok = true;
-  for (int t : {1, 2, 5}) {
-    ok = Check<1, false>(x, out, t) && ok;
-    ok = Check<2, false>(x, out, t) && ok;
-    ok = Check<1, true>(x, out, t) && ok;
-    ok = Check<2, true>(x, out, t) && ok;
-    ok = Check<1, true, 1>(x8, out, t) && ok;
-    ok = Check<1, true, 2>(x8, out, t) && ok;
-  }
+  for (int t : {1, 2, 5})
+    for (const Form* f : forms) ok = Check(*f, f->fp8 ? x8 : x, out, t) && ok;
   const double gflop = 4.0 * kRows * kD * double(kTile) * tiles * items / 1e9;
   std::printf("work: %d items x %d tiles of %d tokens, %d rows, head %d: %.1f GFLOP\n", items, tiles,
               kTile, kRows, kD, gflop);
-  auto report = [&](const char* name, int ctas_per_sm, double us) {
-    std::printf("%-58s %d/SM %8.1f us  %6.1f TFLOP/s\n", name, ctas_per_sm, us, gflop / us * 1e3);
+  auto report = [&](const char* name, const Form& f, int smem = -1) {
+    const double us = TimeUs(f, f.fp8 ? x8 : x, out, items, tiles, smem);
+    std::printf("%-58s %d/SM %8.1f us  %6.1f TFLOP/s\n", name, CtasPerSm(f, smem), us,
+                gflop / us * 1e3);
   };
-  report("form 1 (one warpgroup per CTA), Q.K m64n16k16 per page:", CtasPerSm<1, false>(),
-         TimeUs<1, false>(x, out, items, tiles));
-  report("form 2 (two warpgroups, ping-pong), m64n16k16:", CtasPerSm<2, false>(),
-         TimeUs<2, false>(x, out, items, tiles));
-  report("form 1, Q.K m64n32k16 across the pages:", CtasPerSm<1, true>(), TimeUs<1, true>(x, out, items, tiles));
-  report("form 1, m64n32k16, 100 KB of shared memory per CTA:", CtasPerSm<1, true>(kTwoPerSm),
-         TimeUs<1, true>(x, out, items, tiles, kTwoPerSm));
-  report("form 2, m64n32k16:", CtasPerSm<2, true>(), TimeUs<2, true>(x, out, items, tiles));
-  report("form 1, m64n32k16, fp8 pages widened at each tile's start:", CtasPerSm<1, true, 1>(),
-         TimeUs<1, true, 1>(x8, out, items, tiles));
-  report("form 1, m64n32k16, fp8 pages widened one tile ahead:", CtasPerSm<1, true, 2>(),
-         TimeUs<1, true, 2>(x8, out, items, tiles));
+  report("form 1 (one warpgroup per CTA), Q.K m64n16k16 per page:", n16);
+  report("form 2 (two warpgroups, ping-pong), m64n16k16:", pp16);
+  report("form 1, Q.K m64n32k16 across the pages:", n32);
+  report("form 1, m64n32k16, 100 KB of shared memory per CTA:", n32, kTwoPerSm);
+  report("form 2, m64n32k16:", pp32);
+  report("form 1, m64n32k16, fp8 pages widened at each tile's start:", fp8_start);
+  report("form 1, m64n32k16, fp8 pages widened one tile ahead:", fp8_ahead);
+  report("form 3 (K, V as A from registers), m64n64k16, bf16:", swap);
+  report("form 3, fp8 pages widened in registers:", swap8);
+  report("form 3, fp8, 100 KB of shared memory per CTA:", swap8, kTwoPerSm);
   std::printf("compare: the grouped kernel's arithmetic alone, same work (JAX_PAGED_PROBE_NO_LOADS,\n"
               "64,32,8,4096 --q-len 16, per-sample averages): mma.sync row split 263.7 us, the\n"
               "thirteenth session's wgmma form 288.6 us (twenty-fifth session), that form without its\n"
               "in-place V swizzle 188.0 us (twenty-sixth session; BENCHMARKS.md; other runs); the fp8\n"
+              "row split's 262.7 us (--fp8-q-len 16, slope timing, thirty-fifth session); the fp8\n"
               "rows against the bf16 row at 100 KB (both two CTAs per SM): what widening once per CTA\n"
               "costs the wgmma arithmetic\n");
   FreeData(x);

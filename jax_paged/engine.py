@@ -50,8 +50,9 @@ from jax_paged.cache import (
     BlockPool, HostBlockAllocator, KVCaches, allocate_blocks, allocate_kv_cache,
     check_page_accounting, free_blocks,
 )
+from jax_paged._shapes import is_fp8
 from jax_paged.llama import (
-    TP_AXIS, LlamaConfig, Params, decode_step_paged, prefill_paged, shard_params,
+    TP_AXIS, KVScales, LlamaConfig, Params, decode_step_paged, prefill_paged, shard_params,
 )
 
 
@@ -141,6 +142,7 @@ def decode_loop(
     state: DecodeState,
     max_steps: jax.Array,
     exit_after: jax.Array,
+    kv_scales: KVScales = None,
     *,
     config: LlamaConfig,
     block_size: int,
@@ -156,6 +158,7 @@ def decode_loop(
       state: :class:`DecodeState`.
       max_steps: int32 scalar, most steps to run.
       exit_after: int32 scalar, stop after the step in which this many sequences finished.
+      kv_scales: fp8 caches: one ``(k_scale, v_scale)`` per layer (traced); None means 1.
       tensor_parallel: caches sharded on KV heads (see :func:`jax_paged.llama.paged_ops`).
 
     Returns:
@@ -186,7 +189,7 @@ def decode_loop(
         logits, caches = decode_step_paged(
             params, caches, st.tokens, st.seq_lens, block_tables, slot_mapping, ctx_lens,
             config=config, attn_impl=attn_impl, partition_size=partition_size,
-            tensor_parallel=tensor_parallel)
+            tensor_parallel=tensor_parallel, kv_scales=kv_scales)
         nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         # 3. Record the token; live slots advance.
         act = st.active
@@ -229,17 +232,18 @@ def _jitted_decode_loop(config, block_size, attn_impl, partition_size, donate, t
     return jax.jit(fn, donate_argnums=(1, 2) if donate else ())
 
 
-def _prefill_and_sample(params, kv_caches, tokens, prompt_lens, slot_mapping, *, config,
-                        tensor_parallel):
+def _prefill_and_sample(params, kv_caches, tokens, prompt_lens, slot_mapping, kv_scales=None, *,
+                        config, tensor_parallel):
     logits, kv_caches = prefill_paged(params, kv_caches, tokens, prompt_lens, slot_mapping,
-                                      config=config, tensor_parallel=tensor_parallel)
+                                      config=config, tensor_parallel=tensor_parallel,
+                                      kv_scales=kv_scales)
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), kv_caches
 
 
 @functools.lru_cache(maxsize=None)
 def make_prefill(config: LlamaConfig, *, donate: bool = True, tensor_parallel: bool = False) -> Callable:
     """Jitted prefill + greedy first token: ``(params, kv_caches, tokens [R,T], prompt_lens [R],
-    slot_mapping [R,T]) -> (first_tokens int32 [R], kv_caches)``, caches donated."""
+    slot_mapping [R,T][, kv_scales]) -> (first_tokens int32 [R], kv_caches)``, caches donated."""
     return jax.jit(functools.partial(_prefill_and_sample, config=config,
                                      tensor_parallel=tensor_parallel),
                    donate_argnums=(1,) if donate else ())
@@ -272,6 +276,22 @@ class EngineStats:
     peak_blocks_used: int = 0
 
 
+def _check_kv_scales(kv_scales: KVScales, cache_dtype: Any, num_layers: int):
+    """``kv_scales`` as float32 arrays, one ``(k_scale, v_scale)`` per layer, or None; their
+    shapes are checked by the cache ops at trace time."""
+    if kv_scales is None:
+        return None
+    if not is_fp8(cache_dtype):
+        raise ValueError(f"kv_scales: only for fp8 caches (cache_dtype float8_e4m3fn or "
+                         f"float8_e5m2), got cache_dtype {jnp.dtype(cache_dtype).name}")
+    pairs = list(kv_scales)
+    if len(pairs) != num_layers or any(not isinstance(p, (tuple, list)) or len(p) != 2
+                                       for p in pairs):
+        raise ValueError(f"kv_scales: expected {num_layers} (k_scale, v_scale) pairs, one per "
+                         f"layer, got {len(pairs)} entries")
+    return [tuple(jnp.asarray(a, jnp.float32) for a in p) for p in pairs]
+
+
 class Engine:
     """Continuous-batching greedy generation (see the module docstring for the design).
 
@@ -281,14 +301,22 @@ class Engine:
         ids = [engine.add_request(prompt, max_new_tokens=32, eos_id=2) for prompt in prompts]
         outputs = engine.run()          # {request_id: [token ids]}
 
+    ``cache_dtype`` (default: the weights' dtype) may be ``float8_e4m3fn`` or ``float8_e5m2``:
+    an fp8 cache, half the bytes of a 16-bit one per token. Each layer's K and V are then
+    written as ``value / scale`` (saturated) and read as ``value * scale``, with ``kv_scales``,
+    one ``(k_scale, v_scale)`` per layer (float32 scalars or ``[num_kv_heads]``, traced: new
+    scales do not recompile), or 1 for every layer (the default). The prompt attends its own
+    K/V unquantised (dense prefill); decode steps attend the fp8 cache. The query stays in the
+    weights' dtype.
+
     Tensor parallel over N devices: pass ``mesh=Mesh(np.array(jax.devices()[:N]), ("tp",))``.
     ``params`` are then copied onto the mesh (sharded) and the caches are allocated sharded;
     raises ``ValueError`` if heads, KV heads or the intermediate size do not divide by N.
     """
 
     def __init__(self, config: LlamaConfig, params: Params, engine_config: EngineConfig = EngineConfig(),
-                 *, cache_dtype: Any = None, check_invariants: bool = False,
-                 mesh: Optional[Mesh] = None):
+                 *, cache_dtype: Any = None, kv_scales: KVScales = None,
+                 check_invariants: bool = False, mesh: Optional[Mesh] = None):
         ec = engine_config
         if ec.num_blocks < ec.max_blocks_per_seq:
             raise ValueError(f"num_blocks must hold at least one max_seq_len sequence: got "
@@ -299,6 +327,7 @@ class Engine:
         self.check_invariants = check_invariants
         self.mesh = mesh
         dtype = cache_dtype if cache_dtype is not None else params["embed"].dtype
+        self.kv_scales = _check_kv_scales(kv_scales, dtype, config.num_layers)
         cache_sharding = None
         # Where the decode state goes each loop: the default device, or every device of the mesh.
         self._state_sharding: Optional[NamedSharding] = None
@@ -434,7 +463,8 @@ class Engine:
             self.stats.prompt_tokens += n
             if req.output:
                 self.stats.recomputed_tokens += n
-        first, self.kv_caches = self._prefill(self.params, self.kv_caches, tokens, lens, slots)
+        first, self.kv_caches = self._prefill(self.params, self.kv_caches, tokens, lens, slots,
+                                              self.kv_scales)
         first = np.asarray(first)
         self.stats.prefill_calls += 1
         for i, (b, req, prompt, ids) in enumerate(batch):
@@ -477,7 +507,7 @@ class Engine:
         exit_after = 1 if self._waiting else ec.max_batch + 1
         self.kv_caches, dev_state, steps = self._decode_loop(
             self.params, self.kv_caches, jax.device_put(self._state, self._state_sharding),
-            np.int32(ec.max_steps_per_loop), np.int32(exit_after))
+            np.int32(ec.max_steps_per_loop), np.int32(exit_after), self.kv_scales)
         # The one host sync per loop: the (small) decode state, never the caches.
         host = jax.device_get(dev_state)
         self._state = DecodeState(*(np.array(a) for a in host[:-1]),

@@ -50,9 +50,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_paged
 import jax_paged.sharding
+from jax_paged._shapes import is_fp8
+from jax_paged.reference import fp8_round_trip
 
 Params = dict[str, Any]
 KVCaches = list[tuple[jax.Array, jax.Array]]
+# fp8 caches: one (k_scale, v_scale) per layer, each float32 () or [num_kv_heads]; None = 1.
+KVScales = Optional[Sequence[tuple[Any, Any]]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,6 +474,20 @@ def shard_params(params: Params, config: LlamaConfig, mesh: Mesh, axis: str = TP
     return jax.device_put(params, shardings)
 
 
+def _cache_input(x: jax.Array, cache: jax.Array) -> jax.Array:
+    """K or V as a cache write takes it: fp8 caches quantise the model's values themselves
+    (value / scale, saturated), other caches store the value cast to their dtype."""
+    return x if is_fp8(cache.dtype) else x.astype(cache.dtype)
+
+
+def _scale_kwargs(kv_scales: KVScales, layer: int) -> dict:
+    """``k_scale`` / ``v_scale`` of one layer for the cache ops ({} without scales)."""
+    if kv_scales is None:
+        return {}
+    k_scale, v_scale = kv_scales[layer]
+    return dict(k_scale=k_scale, v_scale=v_scale)
+
+
 def paged_ops(tensor_parallel: bool):
     """The module whose ``reshape_and_cache`` / ``paged_attention`` the paged paths call.
 
@@ -494,6 +512,7 @@ def prefill_paged(
     *,
     config: LlamaConfig,
     tensor_parallel: bool = False,
+    kv_scales: KVScales = None,
 ) -> tuple[jax.Array, KVCaches]:
     """Run prompts densely and write their K/V into the paged cache.
 
@@ -505,6 +524,9 @@ def prefill_paged(
       slot_mapping: int32 ``[R, T]`` cache slot of each prompt token, -1 for padding.
       tensor_parallel: write through ``jax_paged.sharding`` (caches sharded on KV heads; see
         :func:`paged_ops`).
+      kv_scales: fp8 caches: one ``(k_scale, v_scale)`` per layer (float32 scalars or
+        ``[num_kv_heads]``); None means 1. The prompt attends its own K/V unquantised; the
+        cache stores them quantised.
 
     Returns:
       ``(logits float32 [R, vocab] at each prompt's last token, kv_caches)``.
@@ -519,14 +541,14 @@ def prefill_paged(
     ops = paged_ops(tensor_parallel)
     x = params["embed"][tokens]
     new_caches = []
-    for layer, (key_cache, value_cache) in zip(params["layers"], kv_caches):
+    for i, (layer, (key_cache, value_cache)) in enumerate(zip(params["layers"], kv_caches)):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(layer, h, config, positions, inv_freq)
         # All prompt tokens of all rows in one cache write per layer.
         key_cache, value_cache = ops.reshape_and_cache(
-            k.reshape(r * t, config.num_kv_heads, config.head_dim).astype(key_cache.dtype),
-            v.reshape(r * t, config.num_kv_heads, config.head_dim).astype(value_cache.dtype),
-            key_cache, value_cache, flat_slots)
+            _cache_input(k.reshape(r * t, config.num_kv_heads, config.head_dim), key_cache),
+            _cache_input(v.reshape(r * t, config.num_kv_heads, config.head_dim), value_cache),
+            key_cache, value_cache, flat_slots, **_scale_kwargs(kv_scales, i))
         new_caches.append((key_cache, value_cache))
         o = _dense_attention(q, k, v, mask)
         x = x + o.reshape(r, t, -1) @ layer["wo"]
@@ -549,6 +571,7 @@ def decode_step_paged(
     attn_impl: str = "auto",
     partition_size: int = 512,
     tensor_parallel: bool = False,
+    kv_scales: KVScales = None,
 ) -> tuple[jax.Array, KVCaches]:
     """One decode step of a batch of sequences on the paged cache.
 
@@ -559,6 +582,8 @@ def decode_step_paged(
       slot_mapping: int32 ``[B]`` where the new token's K/V goes; -1 for idle slots.
       seq_lens: int32 ``[B]`` context length *including* the new token; 0 for idle slots.
       tensor_parallel: use the ``jax_paged.sharding`` ops (see :func:`paged_ops`).
+      kv_scales: fp8 caches: one ``(k_scale, v_scale)`` per layer; None means 1. The query
+        stays in the model's dtype (an fp8 cache needs a 16- or 32-bit query).
 
     Returns:
       ``(logits float32 [B, vocab], kv_caches)``.
@@ -568,15 +593,18 @@ def decode_step_paged(
     ops = paged_ops(tensor_parallel)
     x = params["embed"][tokens]  # [B, D]
     new_caches = []
-    for layer, (key_cache, value_cache) in zip(params["layers"], kv_caches):
+    for i, (layer, (key_cache, value_cache)) in enumerate(zip(params["layers"], kv_caches)):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         q, k, v = _qkv(layer, h, config, positions, inv_freq)
+        scales = _scale_kwargs(kv_scales, i)
         # Write first, then attend: the new token attends to itself through the cache.
         key_cache, value_cache = ops.reshape_and_cache(
-            k.astype(key_cache.dtype), v.astype(value_cache.dtype), key_cache, value_cache, slot_mapping)
+            _cache_input(k, key_cache), _cache_input(v, value_cache), key_cache, value_cache,
+            slot_mapping, **scales)
         o = ops.paged_attention(
-            q.astype(key_cache.dtype), key_cache, value_cache, block_tables, seq_lens,
-            scale=config.head_dim ** -0.5, impl=attn_impl, partition_size=partition_size)
+            _cache_input(q, key_cache), key_cache, value_cache, block_tables, seq_lens,
+            scale=config.head_dim ** -0.5, impl=attn_impl, partition_size=partition_size,
+            **scales)
         new_caches.append((key_cache, value_cache))
         x = x + o.reshape(b, -1).astype(x.dtype) @ layer["wo"]
         x = x + _mlp(layer, x, config.rms_norm_eps)
@@ -589,8 +617,9 @@ def decode_step_paged(
 
 
 def _dense_cache_step(params: Params, config: LlamaConfig, k_all: jax.Array, v_all: jax.Array,
-                      token: jax.Array, pos: jax.Array, inv_freq: np.ndarray):
-    """One token through a contiguous cache. ``k_all/v_all [L, max_len, KVH, hd]``."""
+                      token: jax.Array, pos: jax.Array, inv_freq: np.ndarray, read_kv=None):
+    """One token through a contiguous cache. ``k_all/v_all [L, max_len, KVH, hd]``;
+    ``read_kv(layer, k, v)`` (default: as stored) gives the K/V the token attends."""
     max_len = k_all.shape[1]
     x = params["embed"][token][None, None]  # [1, 1, D]
     mask = (jnp.arange(max_len) <= pos)[None, None, :]  # [1, 1, max_len]
@@ -599,13 +628,15 @@ def _dense_cache_step(params: Params, config: LlamaConfig, k_all: jax.Array, v_a
         q, k, v = _qkv(layer, h, config, pos[None, None], inv_freq)
         k_all = k_all.at[i, pos].set(k[0, 0].astype(k_all.dtype))
         v_all = v_all.at[i, pos].set(v[0, 0].astype(v_all.dtype))
-        o = _dense_attention(q, k_all[i][None], v_all[i][None], mask)
+        k_read, v_read = (k_all[i], v_all[i]) if read_kv is None else read_kv(i, k_all[i], v_all[i])
+        o = _dense_attention(q, k_read[None].astype(q.dtype), v_read[None].astype(q.dtype), mask)
         x = x + o.reshape(1, 1, -1) @ layer["wo"]
         x = x + _mlp(layer, x, config.rms_norm_eps)
     return _lm_head(params, x[0, 0], config), k_all, v_all
 
 
-def _generate_dense_impl(params, prompt, prompt_len, max_new_tokens, eos_id, *, config, max_len):
+def _generate_dense_impl(params, prompt, prompt_len, max_new_tokens, eos_id, kv_scales=None, *,
+                         config, max_len, cache_dtype=None):
     inv_freq = rope_inv_freq(config)
     dtype = params["embed"].dtype
     shape = (config.num_layers, max_len, config.num_kv_heads, config.head_dim)
@@ -617,7 +648,18 @@ def _generate_dense_impl(params, prompt, prompt_len, max_new_tokens, eos_id, *, 
 
     def body(c):
         pos, token, k_all, v_all, out, n_out, done = c
-        logits, k_all, v_all = _dense_cache_step(params, config, k_all, v_all, token, pos, inv_freq)
+        read_kv = None
+        if cache_dtype is not None:  # (a static dtype name)
+            # The paged engine's prefill attends the prompt's K/V as computed; every later
+            # token attends the whole cache as an fp8 cache holds it.
+            def read_kv(i, k, v):
+                scale_k, scale_v = (None, None) if kv_scales is None else kv_scales[i]
+                quantised = pos >= prompt_len
+                dtype = jnp.dtype(cache_dtype)
+                return (jnp.where(quantised, fp8_round_trip(k, scale_k, dtype), k),
+                        jnp.where(quantised, fp8_round_trip(v, scale_v, dtype), v))
+        logits, k_all, v_all = _dense_cache_step(params, config, k_all, v_all, token, pos, inv_freq,
+                                                 read_kv)
         nxt = jnp.argmax(logits).astype(jnp.int32)
         in_prompt = pos + 1 < prompt_len
         # While in the prompt, the next input is the next prompt token; after it, the prediction.
@@ -633,7 +675,8 @@ def _generate_dense_impl(params, prompt, prompt_len, max_new_tokens, eos_id, *, 
     return out, n_out
 
 
-_generate_dense_jit = jax.jit(_generate_dense_impl, static_argnames=("config", "max_len"))
+_generate_dense_jit = jax.jit(_generate_dense_impl,
+                              static_argnames=("config", "max_len", "cache_dtype"))
 
 
 def generate_dense(
@@ -643,6 +686,9 @@ def generate_dense(
     max_new_tokens: int,
     eos_id: Optional[int] = None,
     max_len: Optional[int] = None,
+    *,
+    cache_dtype: Any = None,
+    kv_scales: KVScales = None,
 ) -> list[int]:
     """Greedy decoding of one request with a dense (contiguous) KV cache: the reference.
 
@@ -650,6 +696,12 @@ def generate_dense(
     head_dim]`` cache with plain masked attention, then generates up to ``max_new_tokens``
     tokens, stopping after (and including) ``eos_id``. ``max_len`` (default: prompt + new tokens
     rounded up to a power of two, to share compilations) bounds the cache.
+
+    ``cache_dtype`` float8_e4m3fn / float8_e5m2 (with ``kv_scales``, one ``(k_scale,
+    v_scale)`` per layer, None = 1) mirrors an :class:`~jax_paged.engine.Engine` with an fp8
+    cache: the prompt attends its K/V as computed (the engine's dense prefill), every generated
+    token attends the whole cache as the fp8 cache returns it
+    (:func:`jax_paged.reference.fp8_round_trip`).
 
     Returns the generated token ids (not including the prompt).
     """
@@ -661,7 +713,14 @@ def generate_dense(
         raise ValueError(f"prompt + max_new_tokens = {need} > max_len = {max_len}")
     padded = np.zeros(max_len, np.int32)
     padded[: len(prompt)] = prompt
+    if cache_dtype is not None and not is_fp8(cache_dtype):
+        cache_dtype = None  # a 16- or 32-bit cache: the model's own values
+    if kv_scales is not None and cache_dtype is None:
+        raise ValueError("kv_scales: only with an fp8 cache_dtype (float8_e4m3fn, float8_e5m2)")
+    if kv_scales is not None:
+        kv_scales = [tuple(jnp.asarray(a, jnp.float32) for a in pair) for pair in kv_scales]
     out, n = _generate_dense_jit(params, jnp.asarray(padded), jnp.int32(len(prompt)),
                                  jnp.int32(max_new_tokens), jnp.int32(-1 if eos_id is None else eos_id),
-                                 config=config, max_len=max_len)
+                                 kv_scales, config=config, max_len=max_len,
+                                 cache_dtype=None if cache_dtype is None else jnp.dtype(cache_dtype).name)
     return [int(t) for t in np.asarray(out)[: int(n)]]

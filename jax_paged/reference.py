@@ -38,7 +38,8 @@ from . import _shapes
 _NEG_FLT_MAX = float(np.finfo(np.float32).min)
 _HIGHEST = jax.lax.Precision.HIGHEST
 
-__all__ = ["paged_attention", "reshape_and_cache", "copy_blocks", "query_row_ranges"]
+__all__ = ["paged_attention", "reshape_and_cache", "copy_blocks", "query_row_ranges",
+           "fp8_round_trip"]
 
 
 def _gather_kv(key_cache, value_cache, block_tables, dims):
@@ -177,6 +178,20 @@ def _quantise(x, scale, cache_dtype):
     # differently near fp8 rounding ties.
     divisor = jax.lax.optimization_barrier(jnp.broadcast_to(scale[None, :, None], x.shape))
     return jnp.clip(x / divisor, -limit, limit).astype(cache_dtype)
+
+
+def fp8_round_trip(x, scale, cache_dtype):
+    """What attention reads back for values written to an fp8 cache: ``x`` [T,
+    num_kv_heads, head_size] stored as ``reshape_and_cache`` stores it (``x / scale``
+    saturated, rounded to nearest even) and read as ``paged_attention`` reads it
+    (``value * scale``), in float32. ``scale``: None (= 1), a scalar or
+    ``[num_kv_heads]``."""
+    x = jnp.asarray(x)
+    if not _shapes.is_fp8(cache_dtype):
+        raise TypeError(f"cache_dtype must be float8_e4m3fn or float8_e5m2, got "
+                        f"{jnp.dtype(cache_dtype).name}")
+    s = _per_kv_head(1.0 if scale is None else scale, x.shape[1])
+    return _quantise(x, s, cache_dtype).astype(jnp.float32) * s[None, :, None]
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *, k_scale=None,

@@ -5,6 +5,7 @@ import dataclasses
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -48,9 +49,9 @@ def _dense(params, reqs):
 
 
 def _assert_all_blocks_free(engine):
-    s = engine.host_state()
-    assert int(s.pool.num_free) == EC.num_blocks
-    assert sorted(s.pool.free_ids.tolist()) == list(range(EC.num_blocks))
+    s, n = engine.host_state(), engine.engine_config.num_blocks
+    assert int(s.pool.num_free) == n
+    assert sorted(s.pool.free_ids.tolist()) == list(range(n))
     assert not s.active.any() and engine.num_running == 0 and engine.num_waiting == 0
 
 
@@ -276,3 +277,55 @@ def test_engine_refuses_a_pool_smaller_than_one_sequence(params):
                                          rf"got {small.num_blocks}, expected >= "
                                          rf"{EC.max_blocks_per_seq} blocks"):
         Engine(CFG, params, small)
+
+
+# ------------------------------------------------------------------ fp8 KV cache
+
+# Room for every slot's longest sequence: no preemption (a preempted request is recomputed by
+# the dense prefill from unquantised K/V, which an fp8 cache does not reproduce).
+EC_FP8 = dataclasses.replace(EC, num_blocks=EC.max_batch * EC.max_blocks_per_seq)
+
+
+@pytest.mark.parametrize("cache_dtype,per_head", [(jnp.float8_e4m3fn, False),
+                                                  (jnp.float8_e5m2, True)])
+def test_fp8_cache_matches_the_fp8_dense_reference(params, cache_dtype, per_head):
+    """An fp8 cache: the engine's tokens equal the dense reference's with the same cache
+    semantics (the prompt attends its K/V as computed, every later token the cache's
+    quantised values), with per-layer scales (per KV head for e5m2); the unquantised
+    reference differs, so the comparison sees the quantisation."""
+    rng = np.random.default_rng(7)
+    reqs = _random_requests(rng, 8, max_new=24)
+    shape = (CFG.num_kv_heads,) if per_head else ()
+    kv_scales = [(np.full(shape, 0.5 + 0.25 * i, np.float32), np.full(shape, 0.75, np.float32))
+                 for i in range(CFG.num_layers)]
+    out, engine = _serve(params, reqs, EC_FP8, cache_dtype=cache_dtype, kv_scales=kv_scales)
+    assert engine.stats.preemptions == 0
+    assert all(k.dtype == cache_dtype and v.dtype == cache_dtype for k, v in engine.kv_caches)
+    ref = [generate_dense(params, CFG, p, n, e, max_len=DENSE_LEN, cache_dtype=cache_dtype,
+                          kv_scales=kv_scales) for p, n, e in reqs]
+    assert out == ref
+    assert ref != _dense(params, reqs)
+    _assert_all_blocks_free(engine)
+
+
+def test_no_cache_copy_in_compiled_decode_loop_fp8(params):
+    """fp8 caches with traced per-layer scales stay donated in place through the loop."""
+    caches = allocate_kv_cache(CFG.num_layers, EC.num_blocks, CFG.num_kv_heads, CFG.head_dim,
+                               EC.block_size, jnp.float8_e4m3fn)
+    shapes = {c.shape for kv in caches for c in kv}
+    scales = [(np.float32(1.0), np.float32(0.5))] * CFG.num_layers
+    hlo = make_decode_loop(CFG, EC).lower(params, caches, jax.device_put(init_decode_state(EC)),
+                                          np.int32(4), np.int32(1), scales).compile().as_text()
+    assert "while" in hlo
+    assert cache_copies(hlo, shapes) == []
+
+
+def test_kv_scales_validation(params):
+    with pytest.raises(ValueError, match=r"kv_scales: only for fp8 caches \(cache_dtype "
+                                         r"float8_e4m3fn or float8_e5m2\), got cache_dtype float32"):
+        Engine(CFG, params, EC, kv_scales=[(1.0, 1.0)] * CFG.num_layers)
+    with pytest.raises(ValueError, match=rf"kv_scales: expected {CFG.num_layers} \(k_scale, "
+                                         rf"v_scale\) pairs, one per layer, got 1 entries"):
+        Engine(CFG, params, EC, cache_dtype=jnp.float8_e4m3fn, kv_scales=[(1.0, 1.0)])
+    with pytest.raises(ValueError, match=r"kv_scales: only with an fp8 cache_dtype"):
+        generate_dense(params, CFG, [1, 2], 3, kv_scales=[(1.0, 1.0)] * CFG.num_layers)

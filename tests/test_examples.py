@@ -17,6 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("features.py", [], "all checks passed"),
     ("generate.py", ["--num-requests", "6", "--max-new-tokens", "4", "12"],
      "greedy tokens equal the dense-cache implementation: yes"),
+    # An fp8 cache, checked against a dense cache with the same semantics.
+    ("generate.py", ["--num-requests", "6", "--max-new-tokens", "4", "12", "--no-warmup",
+                     "--kv-cache-dtype", "float8_e4m3fn", "--kv-scale", "0.5"],
+     "greedy tokens equal the dense-cache implementation: yes (6/6 requests)"),
 ])
 def test_example_runs_and_checks_itself(script, args, expect):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args],

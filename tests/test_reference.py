@@ -54,3 +54,27 @@ def test_reference_reshape_and_cache_layout():
     kc2[1, :, :, 5, :] = 7.0
     vc2[1, :, :, 5] = 7.0
     assert np.all(kc2 == 7.0) and np.all(vc2 == 7.0)
+
+
+@pytest.mark.parametrize("cache_dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_fp8_round_trip_is_a_cache_write_read_back(cache_dtype):
+    """reference.fp8_round_trip(x, scale) equals x written by reshape_and_cache (value /
+    scale, saturated) and read back as value * scale, saturation included."""
+    rng = np.random.default_rng(0)
+    tokens, heads, head_size, block_size = 24, 2, 32, 8
+    x = rng.normal(size=(tokens, heads, head_size)).astype(np.float32) * 300.0
+    x[0, :, 0] = [1e6, -1e6]  # beyond both formats' range under either scale
+    scale = np.array([0.5, 3.0], np.float32)
+    kshape = (tokens // block_size, heads, head_size // 16, block_size, 16)
+    vshape = (tokens // block_size, heads, head_size, block_size)
+    _, vc = reference.reshape_and_cache(x, x, jnp.zeros(kshape, cache_dtype),
+                                        jnp.zeros(vshape, cache_dtype),
+                                        jnp.arange(tokens, dtype=jnp.int32), k_scale=scale,
+                                        v_scale=scale)
+    stored = np.asarray(vc.astype(jnp.float32)).transpose(0, 3, 1, 2).reshape(tokens, heads, head_size)
+    got = np.asarray(reference.fp8_round_trip(x, scale, cache_dtype))
+    np.testing.assert_array_equal(got, stored * scale[None, :, None])
+    limit = float(jnp.finfo(cache_dtype).max)
+    assert got[0, 0, 0] == limit * scale[0] and got[0, 1, 0] == -limit * scale[1]  # saturated
+    with pytest.raises(TypeError, match="cache_dtype must be float8_e4m3fn or float8_e5m2, got float32"):
+        reference.fp8_round_trip(x, scale, jnp.float32)

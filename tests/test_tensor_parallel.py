@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -82,8 +83,8 @@ def requests():
     return reqs
 
 
-def _serve(params, reqs, mesh=None):
-    engine = Engine(CFG, params, EC, check_invariants=True, mesh=mesh)
+def _serve(params, reqs, mesh=None, **engine_kwargs):
+    engine = Engine(CFG, params, EC, check_invariants=True, mesh=mesh, **engine_kwargs)
     ids = [engine.add_request(*r) for r in reqs]
     out = engine.run()
     return [out[i] for i in ids], engine
@@ -108,6 +109,19 @@ def test_tokens_equal_single_device(params, requests, single_device, tp):
     for k, v in engine.kv_caches:
         assert k.sharding.spec[1] == v.sharding.spec[1] == "tp"
         assert k.addressable_shards[0].data.shape[1] == CFG.num_kv_heads // tp
+
+
+def test_fp8_cache_tokens_equal_single_device(params, requests):
+    """fp8 caches with per-KV-head scales, split with the KV heads over 2 devices: the same
+    tokens (and the same schedule, preemptions included) as on one device."""
+    scales = [(np.linspace(0.5, 1.0, CFG.num_kv_heads, dtype=np.float32), np.float32(0.75))
+              for _ in range(CFG.num_layers)]
+    kwargs = dict(cache_dtype=jnp.float8_e4m3fn, kv_scales=scales)
+    want, base = _serve(params, requests, **kwargs)
+    out, engine = _serve(params, requests, tp_mesh(2), **kwargs)
+    assert out == want and engine.stats.preemptions == base.stats.preemptions
+    for k, v in engine.kv_caches:
+        assert k.dtype == v.dtype == jnp.float8_e4m3fn and k.sharding.spec[1] == "tp"
 
 
 def test_no_cache_collectives_and_donation_in_place(params):

@@ -475,8 +475,9 @@ def shard_params(params: Params, config: LlamaConfig, mesh: Mesh, axis: str = TP
 
 
 def _cache_input(x: jax.Array, cache: jax.Array) -> jax.Array:
-    """K or V as a cache write takes it: fp8 caches quantise the model's values themselves
-    (value / scale, saturated), other caches store the value cast to their dtype."""
+    """K, V or the query as the cache ops take them beside ``cache``: with an fp8 cache the
+    model's own values (a write quantises K and V itself, value / scale saturated; attention
+    needs a 16- or 32-bit query), otherwise the values cast to the cache's dtype."""
     return x if is_fp8(cache.dtype) else x.astype(cache.dtype)
 
 
@@ -655,9 +656,9 @@ def _generate_dense_impl(params, prompt, prompt_len, max_new_tokens, eos_id, kv_
             def read_kv(i, k, v):
                 scale_k, scale_v = (None, None) if kv_scales is None else kv_scales[i]
                 quantised = pos >= prompt_len
-                dtype = jnp.dtype(cache_dtype)
-                return (jnp.where(quantised, fp8_round_trip(k, scale_k, dtype), k),
-                        jnp.where(quantised, fp8_round_trip(v, scale_v, dtype), v))
+                fp8 = jnp.dtype(cache_dtype)
+                return (jnp.where(quantised, fp8_round_trip(k, scale_k, fp8), k),
+                        jnp.where(quantised, fp8_round_trip(v, scale_v, fp8), v))
         logits, k_all, v_all = _dense_cache_step(params, config, k_all, v_all, token, pos, inv_freq,
                                                  read_kv)
         nxt = jnp.argmax(logits).astype(jnp.int32)

@@ -366,6 +366,13 @@ def run_timing(step, carry0, sets, args, step_jit=None) -> dict:
 # ---------------------------------------------------------------------------
 # Copy bandwidth
 # ---------------------------------------------------------------------------
+def _one_call_per_iteration(args) -> argparse.Namespace:
+    """The loop method's arguments for a reference kernel timed one call per iteration:
+    XLA fuses unrolled increments into one pass, and a matrix product is long enough
+    on its own."""
+    return argparse.Namespace(**dict(vars(args), min_calls_per_iter=1))
+
+
 def measure_copy_bandwidth(args) -> dict:
     """Device-to-device streaming bandwidth through JAX: y = x + 1 on a large float32 array,
     counting bytes read + bytes written. Two variants; the larger figure is the reference."""
@@ -376,8 +383,7 @@ def measure_copy_bandwidth(args) -> dict:
                                kernel="y = x + 1 (float32), bytes read + written")
     inc = lambda c: c + jnp.float32(1.0)  # noqa: E731
     try:
-        # One call per iteration: XLA fuses unrolled increments into one pass.
-        t = time_loop(inc, x, [()], argparse.Namespace(**dict(vars(args), min_calls_per_iter=1)))
+        t = time_loop(inc, x, [()], _one_call_per_iteration(args))
         res["loop"] = dict(us=t["median_s"] * 1e6, tbps=nbytes / t["median_s"] / 1e12,
                            R=t["R"], samples_us=[s * 1e6 for s in t["samples_s"]],
                            note="in-place update of the loop carry")
@@ -421,7 +427,7 @@ def measure_matmul_rate(args) -> dict:
                                  * (1.0 / math.sqrt(n))).astype(dtype))(k2))
     try:
         t = time_loop(lambda c, b: c @ b, c, [(b,)],
-                      argparse.Namespace(**dict(vars(args), min_calls_per_iter=1)))
+                      _one_call_per_iteration(args))
         res.update(us=t["median_s"] * 1e6, tflops=res["flops_per_call"] / t["median_s"] / 1e12,
                    R=t["R"], samples_us=[s * 1e6 for s in t["samples_s"]])
     except Exception as e:  # pragma: no cover
@@ -433,16 +439,16 @@ def measure_matmul_rate(args) -> dict:
 def attention_work(lens, q_len: int, num_heads: int, head_size: int, window: int | None,
                    query_itemsize: int, kv_bytes: int) -> tuple[int, int]:
     """(useful flops, least bytes moved) of one paged_attention call. Flops: 4 *
-    head_size per (query head, attended token) pair (2 for q.k, 2 for p.v), where the
-    new token i of a sequence of length L sits at position L - q_len + i and attends
-    the tokens up to it (the last `window` of them with a window); padded rows of a
-    tensor-core tile are not counted. Bytes: kv_bytes (the K and V a call must read)
-    plus the query read and the output written."""
-    lens = np.asarray(lens, np.int64)
-    pos = lens[:, None] - q_len + np.arange(q_len)[None, :]
-    attended = np.clip(pos + 1, 0, None)
-    if window:
-        attended = np.minimum(attended, window)
+    head_size per (query head, attended token) pair (2 for q.k, 2 for p.v), the pairs
+    being the attended ranges of jax_paged.reference.query_row_ranges (the new token i
+    of a sequence of length L attends the tokens up to position L - q_len + i, the last
+    `window` of them with a window); padded rows of a tensor-core tile are not counted.
+    Bytes: kv_bytes (the K and V a call must read) plus the query read and the output
+    written."""
+    from jax_paged.reference import query_row_ranges
+    lens = np.asarray(lens, np.int32)
+    starts, ends = query_row_ranges(jnp.asarray(lens), int(lens.max(initial=0)), q_len, window)
+    attended = np.asarray(ends, np.int64) - np.asarray(starts, np.int64)
     flops = 4 * head_size * num_heads * int(attended.sum())
     io_bytes = int(kv_bytes) + 2 * len(lens) * q_len * num_heads * head_size * query_itemsize
     return flops, io_bytes
@@ -1180,7 +1186,8 @@ def parse_args(argv=None):
     p.add_argument("--copy-gb", type=float, default=None, help="GiB of the copy-bandwidth array")
     p.add_argument("--matmul-n", type=int, default=None,
                    help="size n of the [n, n] matrix product whose same-run rate bounds the rows' "
-                        "arithmetic (%%roof; default 8192 on a GPU, 256 elsewhere; 0: not measured)")
+                        "arithmetic (%%roof; default 8192 on a GPU, 2048 with --quick, 256 elsewhere; 0: "
+                        "not measured)")
     p.add_argument("--max-cache-gb", type=float, default=4.0,
                    help="cap on cache bytes allocated per config (all sets, both layouts)")
     p.add_argument("--rotate-mb", type=float, default=256.0,

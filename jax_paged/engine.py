@@ -50,9 +50,9 @@ from jax_paged.cache import (
     BlockPool, HostBlockAllocator, KVCaches, allocate_blocks, allocate_kv_cache,
     check_page_accounting, free_blocks,
 )
-from jax_paged._shapes import is_fp8
 from jax_paged.llama import (
-    TP_AXIS, KVScales, LlamaConfig, Params, decode_step_paged, prefill_paged, shard_params,
+    TP_AXIS, KVScales, LlamaConfig, Params, check_kv_scales, decode_step_paged, prefill_paged,
+    shard_params,
 )
 
 
@@ -276,22 +276,6 @@ class EngineStats:
     peak_blocks_used: int = 0
 
 
-def _check_kv_scales(kv_scales: KVScales, cache_dtype: Any, num_layers: int):
-    """``kv_scales`` as float32 arrays, one ``(k_scale, v_scale)`` per layer, or None; their
-    shapes are checked by the cache ops at trace time."""
-    if kv_scales is None:
-        return None
-    if not is_fp8(cache_dtype):
-        raise ValueError(f"kv_scales: only for fp8 caches (cache_dtype float8_e4m3fn or "
-                         f"float8_e5m2), got cache_dtype {jnp.dtype(cache_dtype).name}")
-    pairs = list(kv_scales)
-    if len(pairs) != num_layers or any(not isinstance(p, (tuple, list)) or len(p) != 2
-                                       for p in pairs):
-        raise ValueError(f"kv_scales: expected {num_layers} (k_scale, v_scale) pairs, one per "
-                         f"layer, got {len(pairs)} entries")
-    return [tuple(jnp.asarray(a, jnp.float32) for a in p) for p in pairs]
-
-
 class Engine:
     """Continuous-batching greedy generation (see the module docstring for the design).
 
@@ -327,7 +311,7 @@ class Engine:
         self.check_invariants = check_invariants
         self.mesh = mesh
         dtype = cache_dtype if cache_dtype is not None else params["embed"].dtype
-        self.kv_scales = _check_kv_scales(kv_scales, dtype, config.num_layers)
+        self.kv_scales = check_kv_scales(kv_scales, dtype, config.num_layers)
         cache_sharding = None
         # Where the decode state goes each loop: the default device, or every device of the mesh.
         self._state_sharding: Optional[NamedSharding] = None

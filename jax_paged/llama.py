@@ -481,6 +481,22 @@ def _cache_input(x: jax.Array, cache: jax.Array) -> jax.Array:
     return x if is_fp8(cache.dtype) else x.astype(cache.dtype)
 
 
+def check_kv_scales(kv_scales: KVScales, cache_dtype: Any, num_layers: int):
+    """``kv_scales`` as float32 arrays, one ``(k_scale, v_scale)`` per layer, or None; their
+    shapes are checked by the cache ops at trace time."""
+    if kv_scales is None:
+        return None
+    if not is_fp8(cache_dtype):
+        raise ValueError(f"kv_scales: only for fp8 caches (cache_dtype float8_e4m3fn or "
+                         f"float8_e5m2), got cache_dtype {jnp.dtype(cache_dtype).name}")
+    pairs = list(kv_scales)
+    if len(pairs) != num_layers or any(not isinstance(p, (tuple, list)) or len(p) != 2
+                                       for p in pairs):
+        raise ValueError(f"kv_scales: expected {num_layers} (k_scale, v_scale) pairs, one per "
+                         f"layer, got {len(pairs)} entries")
+    return [tuple(jnp.asarray(a, jnp.float32) for a in p) for p in pairs]
+
+
 def _scale_kwargs(kv_scales: KVScales, layer: int) -> dict:
     """``k_scale`` / ``v_scale`` of one layer for the cache ops ({} without scales)."""
     if kv_scales is None:
@@ -714,12 +730,10 @@ def generate_dense(
         raise ValueError(f"prompt + max_new_tokens = {need} > max_len = {max_len}")
     padded = np.zeros(max_len, np.int32)
     padded[: len(prompt)] = prompt
+    kv_scales = check_kv_scales(kv_scales, params["embed"].dtype if cache_dtype is None
+                                else cache_dtype, config.num_layers)
     if cache_dtype is not None and not is_fp8(cache_dtype):
         cache_dtype = None  # a 16- or 32-bit cache: the model's own values
-    if kv_scales is not None and cache_dtype is None:
-        raise ValueError("kv_scales: only with an fp8 cache_dtype (float8_e4m3fn, float8_e5m2)")
-    if kv_scales is not None:
-        kv_scales = [tuple(jnp.asarray(a, jnp.float32) for a in pair) for pair in kv_scales]
     out, n = _generate_dense_jit(params, jnp.asarray(padded), jnp.int32(len(prompt)),
                                  jnp.int32(max_new_tokens), jnp.int32(-1 if eos_id is None else eos_id),
                                  kv_scales, config=config, max_len=max_len,

@@ -327,5 +327,6 @@ def test_kv_scales_validation(params):
     with pytest.raises(ValueError, match=rf"kv_scales: expected {CFG.num_layers} \(k_scale, "
                                          rf"v_scale\) pairs, one per layer, got 1 entries"):
         Engine(CFG, params, EC, cache_dtype=jnp.float8_e4m3fn, kv_scales=[(1.0, 1.0)])
-    with pytest.raises(ValueError, match=r"kv_scales: only with an fp8 cache_dtype"):
+    with pytest.raises(ValueError, match=r"kv_scales: only for fp8 caches \(cache_dtype "
+                                         r"float8_e4m3fn or float8_e5m2\), got cache_dtype float32"):
         generate_dense(params, CFG, [1, 2], 3, kv_scales=[(1.0, 1.0)] * CFG.num_layers)

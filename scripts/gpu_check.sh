@@ -12,6 +12,7 @@
 #                compile-bound: 7 min serially on the H200)
 #   4. sanitizer compute-sanitizer --tool memcheck over scripts/sanitizer_case.py
 #   5. bench     benchmarks/bench_paged_attention.py (JSON + PNG)
+#   5b. decode   with DECODE_VARIANTS set: examples/generate.py once per variant
 #   6. summary   printed last, also written to summary.txt
 #
 # Environment:
@@ -44,8 +45,14 @@
 #   SANITIZER_ARGS   extra compute-sanitizer arguments (default "--report-api-errors no":
 #                    XLA's own probing calls return CUDA errors by design; a failed launch
 #                    of ours surfaces as a Python exception and fails the case anyway)
-#   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT CEILING_TIMEOUT   seconds
-#                    per stage (defaults 420 / 540 / 240 / 420 / 120)
+#   DECODE_VARIANTS  ';'-separated argument sets of examples/generate.py, each added to DECODE_ARGS:
+#                    the decode stage runs the example once per set (stages decode_1, decode_2, ...;
+#                    decode_<i>.json in OUT), e.g. (a bf16 cache against an fp8 one, same requests)
+#                    DECODE_VARIANTS="--kv-cache-dtype model;--kv-cache-dtype float8_e4m3fn"
+#   DECODE_ARGS      arguments common to every decode variant (default: the Llama-3-8B shapes with
+#                    4 layers, 32 requests of 1000-2000 prompt tokens, 128 new tokens each)
+#   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT CEILING_TIMEOUT DECODE_TIMEOUT
+#                    seconds per stage (defaults 420 / 540 / 240 / 420 / 120 / 240)
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -284,6 +291,21 @@ else
   run_stage bench "$OUTDIR/bench.log" "${BENCH_TIMEOUT:-420}" "$PY" -u benchmarks/bench_paged_attention.py \
     --json "$OUTDIR/bench.json" --png "$OUTDIR/bench.png" ${BENCH_ARGS:-}
   DETAIL[bench]="json: $( [ -f "$OUTDIR/bench.json" ] && echo "$OUTDIR/bench.json" || echo missing ); png: $( [ -f "$OUTDIR/bench.png" ] && echo "$OUTDIR/bench.png" || echo missing ); log: $OUTDIR/bench.log"
+fi
+
+# ---- 5b. decode loop (DECODE_VARIANTS) --------------------------------------
+if [ -n "${DECODE_VARIANTS:-}" ]; then
+  DEFAULT_DECODE_ARGS="--model llama3-8b --layers 4 --dtype bfloat16 --max-batch 32 --num-requests 32 \
+    --prompt-len 1000 2000 --max-new-tokens 128 128 --max-seq-len 2176 --num-blocks 4352 --skip-dense-check"
+  i=0
+  IFS=';' read -ra DECODE_LIST <<< "$DECODE_VARIANTS"
+  for variant in "${DECODE_LIST[@]}"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    run_stage "decode_$i" "$OUTDIR/decode_$i.log" "${DECODE_TIMEOUT:-240}" "$PY" -u examples/generate.py \
+      ${DECODE_ARGS:-$DEFAULT_DECODE_ARGS} $variant --show 0 --json "$OUTDIR/decode_$i.json"
+    DETAIL[decode_$i]="$variant: $(grep -E "tokens/s" "$OUTDIR/decode_$i.log" | tail -n 1 | sed 's/^ *//')"
+  done
 fi
 
 # ---- 6. summary ------------------------------------------------------------

@@ -3,6 +3,7 @@ arguments they pass, so that a development option (a trace or a wrong-results ti
 can never stay on in a build meant as the default."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,6 +14,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def _script_env(**overrides: str) -> dict:
+    """os.environ without the settings the scripts read (SKIP_*, CEILING, DECODE_*, ...),
+    plus `overrides`. The GPU suite itself runs under gpu_check.sh, whose caller's settings
+    (SKIP_SANITIZER=1, say) would otherwise reach the script a test starts and skip the
+    very stage it checks (the thirty-seventh session's first call: two false failures)."""
+    knobs = set()
+    for name in os.listdir(os.path.join(ROOT, "scripts")):
+        if name.endswith(".sh"):
+            with open(os.path.join(ROOT, "scripts", name)) as f:
+                knobs |= set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", f.read()))
+    env = {k: v for k, v in os.environ.items() if k not in knobs - {"PATH", "HOME"}}
+    env.update(overrides)
+    return env
 
 
 def _cmake_options():
@@ -45,9 +61,8 @@ def test_every_development_option_is_switched_off_by_gpu_check():
 def test_ab_build_switches_off_every_option_of_b_and_c_in_a():
     """Build A (the default) switches off the options of B and of C: CMake keeps a cached
     option until it is set again, and A once kept C's timing probe on (tenth session)."""
-    env = dict(os.environ, AB_DRY_RUN="1", AB_CMAKE_ARGS="-DJAX_PAGED_PROBE_NO_COMPUTE=ON",
+    env = _script_env(AB_DRY_RUN="1", AB_CMAKE_ARGS="-DJAX_PAGED_PROBE_NO_COMPUTE=ON",
                AB_CMAKE_ARGS_C="-DJAX_PAGED_PROBE_NO_REDUCE=ON")
-    env.pop("OUT", None)
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ab_build.sh")], env=env,
                          capture_output=True, text=True, check=True, timeout=60).stdout
     builds = dict(line.split("=", 1) for line in out.strip().splitlines())
@@ -110,7 +125,7 @@ def test_ncu_case_profiles_each_config_and_exports_its_pages(tmp_path):
         "done\n")
     (bindir / "ncu").chmod(0o755)
     out = tmp_path / "out"
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", OUT=str(out),
+    env = _script_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", OUT=str(out),
                SKIP_INSTALL="1",
                CONFIGS="a=--config 1,32,8,1024 --q-len 16;b=--config 2,32,8,512 --kv bf16,fp8e4m3")
     subprocess.run(["bash", os.path.join(ROOT, "scripts", "ncu_case.sh")], env=env,
@@ -183,9 +198,9 @@ def test_gpu_check_runs_a_crashing_sanitizer_again(tmp_path, crashes, ok):
                     f"if [ $n -le {crashes} ]; then kill -SEGV $$; fi\n"
                     "echo 'sanitizer case: all ok'; echo '========= ERROR SUMMARY: 0 errors'\n")
     fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHON=sys.executable, OUT=str(tmp_path / "out"), SKIP_INSTALL="1",
-               SKIP_TESTS="1", SKIP_BENCH="1", SANITIZER_RUNS="3")
+    env = _script_env(PATH=f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                      PYTHON=sys.executable, OUT=str(tmp_path / "out"), SKIP_INSTALL="1",
+                      SKIP_TESTS="1", SKIP_BENCH="1", SANITIZER_RUNS="3")
     run = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], env=env,
                          capture_output=True, text=True, timeout=300)
     summary = (tmp_path / "out" / "summary.txt").read_text()
@@ -197,3 +212,26 @@ def test_gpu_check_runs_a_crashing_sanitizer_again(tmp_path, crashes, ok):
         assert "sanitizer case: all ok" in line
     else:
         assert run.returncode != 0 and "FAILED (exit 139)" in line
+
+
+def test_gpu_check_decode_stage_runs_each_variant(tmp_path):
+    """DECODE_VARIANTS: examples/generate.py once per ';'-separated argument set, each
+    after DECODE_ARGS, with its JSON and its throughput line in the summary (here the tiny
+    model on whatever device JAX has, a float32 cache against an fp8 one)."""
+    out = tmp_path / "out"
+    env = _script_env(PYTHON=sys.executable, OUT=str(out), SKIP_INSTALL="1", SKIP_TESTS="1",
+                      SKIP_SANITIZER="1", SKIP_BENCH="1",
+                      DECODE_ARGS="--model tiny --num-requests 2 --prompt-len 4 8 "
+                                  "--max-new-tokens 3 3 --skip-dense-check --no-warmup",
+                      DECODE_VARIANTS="--kv-cache-dtype model;--kv-cache-dtype float8_e4m3fn")
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], env=env,
+                   capture_output=True, text=True, check=True, timeout=300)
+    summary = (out / "summary.txt").read_text()
+    lines = {x.split()[0]: x for x in summary.splitlines() if x.startswith("decode_")}
+    assert set(lines) == {"decode_1", "decode_2"}, summary
+    for i, (dtype, variant) in enumerate([("float32", "model"), ("float8_e4m3fn", "float8_e4m3fn")], 1):
+        line = lines[f"decode_{i}"]
+        assert " ok " in line and f"--kv-cache-dtype {variant}: throughput:" in line, line
+        with open(out / f"decode_{i}.json") as f:
+            result = json.load(f)
+        assert result["kv_cache_dtype"] == dtype and result["tokens_generated"] == 6, result

@@ -125,7 +125,14 @@ __device__ __forceinline__ void NamedArrive(int id, int threads) {
 // The stages as bulk copies would leave them, filled once per CTA by its
 // threads: K pages copied as they are, V rows with the 32-byte swizzle (the two
 // 16-byte halves of row d swapped when d & 4); fp8 pages as they are.
-template <bool kFp8>
+// kPermK (form 4): each 16-dim chunk's 16 token rows of an fp8 K page in the
+// order R = 8 b + 2 a + c for token 4 a + 2 b + c (what a 5-d tensor map with
+// token strides 16, 64 and 32 bytes would write), so that S's accumulators hold
+// each lane's tokens 4 tq .. 4 tq + 3 of a page (form 4).
+__host__ __device__ constexpr int PermKRow(int token) {
+  return 8 * ((token >> 1) & 1) + 2 * (token >> 2) + (token & 1);
+}
+template <bool kFp8, bool kPermK = false>
 __device__ void FillStages(unsigned char* smem, const void* k_glob, const void* v_glob) {
   const int tid = threadIdx.x;
   for (int i = tid; kFp8 && i < kStages * kFp8StageBytes / 16; i += blockDim.x) {
@@ -134,7 +141,9 @@ __device__ void FillStages(unsigned char* smem, const void* k_glob, const void* 
     const int in_st = byte - st * kFp8StageBytes;
     const bool is_k = in_st < kPages * kFp8PageBytes;
     const int src = st * kPages * kFp8PageBytes + (is_k ? in_st : in_st - kPages * kFp8PageBytes);
-    reinterpret_cast<uint4*>(smem)[i] = static_cast<const uint4*>(is_k ? k_glob : v_glob)[src / 16];
+    int dst = i;  // 16-byte units
+    if (kPermK && is_k) dst = i - (i & 15) + PermKRow(i & 15);  // a chunk: 16 rows of 16 bytes
+    reinterpret_cast<uint4*>(smem)[dst] = static_cast<const uint4*>(is_k ? k_glob : v_glob)[src / 16];
   }
   for (int i = tid; !kFp8 && i < kSmemBytes / 16; i += blockDim.x) {
     const int byte = 16 * i;
@@ -702,6 +711,242 @@ __global__ void __launch_bounds__(128, 2)
   }
 }
 
+// Form 4 (thirty-seventh session): fp8 products on the fp8 pages as they are.
+// S = Q K^T and O += P V as wgmma m64nNk32 .e4m3.e4m3 products (twice the 16-bit
+// rate), nothing widened; each 16-bit operand (the query rows, P) is split into
+// two e4m3 terms, hi = its value with the mantissa cut to 3 bits (exact in e4m3)
+// and lo = the rest (rounded), both multiplied into the same accumulators: two
+// fp8 products cost one 16-bit product's time, and hi + lo carries about 8
+// significant bits (a bf16 query exactly), where the mma.sync row split and the
+// fp8 rows above widen every K and V value to f16 for the f16 products.
+//   Query rows: times a power of two per row (amax in [128, 256), divided out of
+//   the logits), split once per CTA into A fragments (8-bit layout: lane tq holds
+//   bytes 4 tq .. 4 tq + 3 of each 16-element K half).
+//   P: exp2(l - max + 8), i.e. 256 times the probabilities (range [0, 256], e4m3
+//   max 448), split per tile. Its A fragment needs lane tq's tokens 4 tq .. 4 tq +
+//   3 of a page, and S's accumulators give lane tq columns 2 tq, 2 tq + 1 of each
+//   8-token n-tile: the K pages' token rows are stored permuted (PermKRow, as a
+//   tensor map could write them), so that those columns are these tokens.
+//   K: K-major B operand, core matrix 8 tokens x 16 dims (LBO 256: the next 16
+//   dims; SBO a page: Q.K as m64n32k32 across the tile's four pages, form 1's
+//   n32). V: its [D][16] rows as they are, core matrix 8 dims x 16 tokens (LBO a
+//   page: the next 16 tokens; SBO 128), two m64n64k32 per page pair and term.
+constexpr int kSplitSmemBytes = kStages * kFp8StageBytes;  // 32 KB
+
+// d0..d3 (+)= a * B, m64n32k32 e4m3 x e4m3 -> f32 (accumulate: 0 ignores d's values).
+__device__ __forceinline__ void QgmmaN32(float (&d0)[4], float (&d1)[4], float (&d2)[4],
+                                         float (&d3)[4], const uint32_t (&a)[4], uint64_t desc,
+                                         int accumulate) {
+#if JAX_PAGED_WGMMA_DEVICE
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+               "{%16, %17, %18, %19}, %20, p, 1, 1;\n}"
+               : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d1[0]), "+f"(d1[1]),
+                 "+f"(d1[2]), "+f"(d1[3]), "+f"(d2[0]), "+f"(d2[1]), "+f"(d2[2]), "+f"(d2[3]),
+                 "+f"(d3[0]), "+f"(d3[1]), "+f"(d3[2]), "+f"(d3[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+#else
+  __trap();
+#endif
+}
+// o[N0 .. N0 + 8) += a * B, m64n64k32 e4m3 x e4m3 -> f32.
+template <int N0>
+__device__ __forceinline__ void QgmmaN64(float (&o)[kNT][4], const uint32_t (&a)[4], uint64_t desc) {
+#if JAX_PAGED_WGMMA_DEVICE
+#define CEIL_F4(i) "+f"(o[N0 + i][0]), "+f"(o[N0 + i][1]), "+f"(o[N0 + i][2]), "+f"(o[N0 + i][3])
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "{%32, %33, %34, %35}, %36, 1, 1, 1;"
+               : CEIL_F4(0), CEIL_F4(1), CEIL_F4(2), CEIL_F4(3), CEIL_F4(4), CEIL_F4(5),
+                 CEIL_F4(6), CEIL_F4(7)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#undef CEIL_F4
+#else
+  __trap();
+#endif
+}
+
+// Four floats as e4m3 bytes (byte i = value i), rounded, saturated.
+__device__ __forceinline__ uint32_t PackE4m3x4(float v0, float v1, float v2, float v3) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+// v = hi + lo: hi, v's mantissa cut to 3 bits (an e4m3 value for |v| in [2^-6, 448]),
+// and lo = v - hi (exact in float, rounded to e4m3).
+__device__ __forceinline__ float Cut3(float v) {
+  return __uint_as_float(__float_as_uint(v) & 0xFFF00000u);
+}
+__device__ __forceinline__ void SplitE4m3x4(const float (&v)[4], uint32_t& hi, uint32_t& lo) {
+  float h[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = Cut3(v[i]);
+  hi = PackE4m3x4(h[0], h[1], h[2], h[3]);
+  lo = PackE4m3x4(v[0] - h[0], v[1] - h[1], v[2] - h[2], v[3] - h[3]);
+}
+
+__global__ void __launch_bounds__(128, 2)
+    SplitLoop(const void* __restrict__ k_glob, const void* __restrict__ v_glob,
+              const uint16_t* __restrict__ q_glob, float* __restrict__ out, int tiles,
+              float scale_log2) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int gid = lane >> 2;
+  const int tq = lane & 3;
+  const int row0 = 16 * warp + gid;  // this thread's rows: row0, row0 + 8
+
+  FillStages<true, true>(smem, k_glob, v_glob);
+  FenceProxyAsyncShared();  // generic stores, then the tensor cores' reads
+  __syncthreads();
+
+  // The query rows (f16), scaled per row and split: k step ks, register j: row
+  // row0 + 8 (j & 1), dims 32 ks + 16 (j >> 1) + 4 tq + (0..3).
+  auto q_at = [&](int j, int ks, int e) {
+    const int d = 32 * ks + 16 * (j >> 1) + 4 * tq + e;
+    return __half2float(__ushort_as_half(q_glob[(row0 + 8 * (j & 1)) * kD + d]));
+  };
+  float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int ks = 0; ks < kD / 32; ++ks)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) amax[j & 1] = fmaxf(amax[j & 1], fabsf(q_at(j, ks, e)));
+  float qs[2], row_scale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 1));
+    amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 2));
+    int e = 0;
+    (void)frexpf(amax[r], &e);  // amax < 2^e
+    qs[r] = amax[r] > 0.0f ? ldexpf(1.0f, 8 - e) : 1.0f;  // amax * qs in [128, 256)
+    row_scale[r] = scale_log2 / qs[r];                   // logits (log2 units) per row
+  }
+  uint32_t qhi[kD / 32][4], qlo[kD / 32][4];
+#pragma unroll
+  for (int ks = 0; ks < kD / 32; ++ks)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = q_at(j, ks, e) * qs[j & 1];
+      SplitE4m3x4(v, qhi[ks][j], qlo[ks][j]);
+    }
+
+  const uint32_t smem0 = SmemAddr(smem);
+  const uint64_t k_desc = SmemDescriptor(16u * kBS, kFp8PageBytes, SmemSwizzle::kNone);
+  const uint64_t v_desc = SmemDescriptor(kFp8PageBytes, 128u, SmemSwizzle::kNone);
+
+  float o[kNT][4];
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  float s[kPages][2][4];
+#pragma unroll
+  for (int p = 0; p < kPages; ++p)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) s[p][h][0] = s[p][h][1] = s[p][h][2] = s[p][h][3] = 0.0f;
+  uint32_t pa_hi[kPages / 2][4], pa_lo[kPages / 2][4];  // P of the previous tile, per page pair
+  int prev_tile = -1;
+
+  auto issue_pv = [&]() {
+    const uint32_t vbase = smem0 + (prev_tile & 1) * kFp8StageBytes + kPages * kFp8PageBytes;
+#pragma unroll
+    for (int pp = 0; pp < kPages / 2; ++pp) {
+      const uint32_t page = vbase + 2 * pp * kFp8PageBytes;
+      QgmmaN64<0>(o, pa_hi[pp], WithStart(v_desc, page));
+      QgmmaN64<8>(o, pa_hi[pp], WithStart(v_desc, page + 64 * 16));
+      QgmmaN64<0>(o, pa_lo[pp], WithStart(v_desc, page));
+      QgmmaN64<8>(o, pa_lo[pp], WithStart(v_desc, page + 64 * 16));
+    }
+  };
+
+  auto tile_step = [&](int t, auto with_pv) {
+    constexpr bool kWithPv = decltype(with_pv)::value;
+    const uint32_t kbase = smem0 + (t & 1) * kFp8StageBytes;
+    WgmmaFence();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // smem rows 8 h .. 8 h + 7 of every page's chunks
+#pragma unroll
+      for (int ks = 0; ks < kD / 32; ++ks) {
+        const uint64_t desc = WithStart(k_desc, kbase + h * 128 + ks * 512);
+        QgmmaN32(s[0][h], s[1][h], s[2][h], s[3][h], qhi[ks], desc, ks > 0);
+        QgmmaN32(s[0][h], s[1][h], s[2][h], s[3][h], qlo[ks], desc, 1);
+      }
+    }
+    if constexpr (kWithPv) issue_pv();
+    WgmmaCommit();
+    WgmmaWaitAll();
+
+    float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+    for (int p = 0; p < kPages; ++p)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[p][h][0], s[p][h][1]) * row_scale[0]);
+        mx[1] = fmaxf(mx[1], fmaxf(s[p][h][2], s[p][h][3]) * row_scale[1]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    const float alpha[2] = {exp2f(m_run[0] - mx[0]), exp2f(m_run[1] - mx[1])};
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    l_run[0] *= alpha[0];
+    l_run[1] *= alpha[1];
+    m_run[0] = mx[0];
+    m_run[1] = mx[1];
+    // 256 x P; lane tq's tokens of page p: 4 tq + 2 h + i = S's s[p][h][i] (row0) and
+    // s[p][h][2 + i] (row0 + 8), see PermKRow.
+    const float bias[2] = {8.0f - mx[0], 8.0f - mx[1]};
+#pragma unroll
+    for (int pp = 0; pp < kPages / 2; ++pp)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // A register j: row row0 + 8 (j & 1), page 2 pp + (j >> 1)
+        const int p = 2 * pp + (j >> 1), r = j & 1;
+        float e[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          e[k] = exp2f(fmaf(s[p][k >> 1][2 * r + (k & 1)], row_scale[r], bias[r]));
+          l_run[r] += e[k];
+        }
+        SplitE4m3x4(e, pa_hi[pp][j], pa_lo[pp][j]);
+      }
+    prev_tile = t;
+  };
+  tile_step(0, std::false_type{});
+  for (int t = 1; t < tiles; ++t) tile_step(t, std::true_type{});
+  WgmmaFence();  // the last tile's P.V
+  issue_pv();
+  WgmmaCommit();
+  WgmmaWaitAll();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  float* o_out = out + static_cast<size_t>(blockIdx.x) * kRows * kD;
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+    const int c = 8 * n + 2 * tq;
+    o_out[row0 * kD + c] = o[n][0] / l_run[0];
+    o_out[row0 * kD + c + 1] = o[n][1] / l_run[0];
+    o_out[(row0 + 8) * kD + c] = o[n][2] / l_run[1];
+    o_out[(row0 + 8) * kD + c + 1] = o[n][3] / l_run[1];
+  }
+}
+
 // One set of pages and query rows, on the host and on the device.
 struct Data {
   bool fp8 = false;                       // e4m3 pages and an f16 query (else bf16 both)
@@ -817,6 +1062,7 @@ Form TileForm() {
               (kFp8 == 1 ? " fp8" : (kFp8 == 2 ? " fp8 ahead" : "")),
           kFp8 != 0};
 }
+Form SplitForm() { return {SplitLoop, 128, kSplitSmemBytes, "form 4 (fp8 products, split)", true}; }
 template <int kFp8>
 Form SwapForm() {
   return {SwapLoop<kFp8>, 128, SwapSmem(kFp8), std::string("form 3 (swap)") + (kFp8 ? " fp8" : ""),
@@ -905,8 +1151,9 @@ int main() {
   constexpr int kTwoPerSm = 100 * 1024;
   const Form n16 = TileForm<1, false>(), pp16 = TileForm<2, false>(), n32 = TileForm<1, true>(),
              pp32 = TileForm<2, true>(), fp8_start = TileForm<1, true, 1>(),
-             fp8_ahead = TileForm<1, true, 2>(), swap = SwapForm<0>(), swap8 = SwapForm<1>();
-  const Form* forms[] = {&n16, &pp16, &n32, &pp32, &fp8_start, &fp8_ahead, &swap, &swap8};
+             fp8_ahead = TileForm<1, true, 2>(), swap = SwapForm<0>(), swap8 = SwapForm<1>(),
+             split = SplitForm();
+  const Form* forms[] = {&n16, &pp16, &n32, &pp32, &fp8_start, &fp8_ahead, &swap, &swap8, &split};
   for (const Form* f : forms)
     CUDA_OK(cudaFuncSetAttribute(f->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  std::max(f->smem, kTwoPerSm)));
@@ -937,6 +1184,8 @@ int main() {
   report("form 3 (K, V as A from registers), m64n64k16, bf16:", swap);
   report("form 3, fp8 pages widened in registers:", swap8);
   report("form 3, fp8, 100 KB of shared memory per CTA:", swap8, kTwoPerSm);
+  report("form 4 (e4m3 products, 16-bit operands split in two):", split);
+  report("form 4, 100 KB of shared memory per CTA:", split, kTwoPerSm);
   std::printf("compare: the grouped kernel's arithmetic alone, same work (JAX_PAGED_PROBE_NO_LOADS,\n"
               "64,32,8,4096 --q-len 16, per-sample averages): mma.sync row split 263.7 us, the\n"
               "thirteenth session's wgmma form 288.6 us (twenty-fifth session), that form without its\n"

@@ -787,6 +787,18 @@ __device__ __forceinline__ void SplitE4m3x4(const float (&v)[4], uint32_t& hi, u
   lo = PackE4m3x4(v[0] - h[0], v[1] - h[1], v[2] - h[2], v[3] - h[3]);
 }
 
+// kPermK false (form 4b): K pages as they are (the grouped kernel's bulk copies),
+// and P's A fragments gathered across each lane quad instead: lane tq holds tokens
+// {2 tq, 2 tq + 1, 8 + 2 tq, 9 + 2 tq} of a page as bytes 0-3 of `w` and needs 4 tq ..
+// 4 tq + 3: bytes 0, 1 (tq < 2) or 2, 3 (tq >= 2) of lanes 2 (tq & 1) and 2 (tq & 1) + 1.
+__device__ __forceinline__ uint32_t QuadGather(uint32_t w, int tq) {
+  const int base = (threadIdx.x & 31) - tq + 2 * (tq & 1);
+  const uint32_t x = __shfl_sync(0xffffffffu, w, base);
+  const uint32_t y = __shfl_sync(0xffffffffu, w, base + 1);
+  return __byte_perm(x, y, tq < 2 ? 0x5410u : 0x7632u);
+}
+
+template <bool kPermK>
 __global__ void __launch_bounds__(128, 2)
     SplitLoop(const void* __restrict__ k_glob, const void* __restrict__ v_glob,
               const uint16_t* __restrict__ q_glob, float* __restrict__ out, int tiles,
@@ -799,7 +811,7 @@ __global__ void __launch_bounds__(128, 2)
   const int tq = lane & 3;
   const int row0 = 16 * warp + gid;  // this thread's rows: row0, row0 + 8
 
-  FillStages<true, true>(smem, k_glob, v_glob);
+  FillStages<true, kPermK>(smem, k_glob, v_glob);
   FenceProxyAsyncShared();  // generic stores, then the tensor cores' reads
   __syncthreads();
 
@@ -908,7 +920,8 @@ __global__ void __launch_bounds__(128, 2)
     m_run[0] = mx[0];
     m_run[1] = mx[1];
     // 256 x P; lane tq's tokens of page p: 4 tq + 2 h + i = S's s[p][h][i] (row0) and
-    // s[p][h][2 + i] (row0 + 8), see PermKRow.
+    // s[p][h][2 + i] (row0 + 8), see PermKRow (or, kPermK false, tokens 8 h + 2 tq + i,
+    // gathered by QuadGather).
     const float bias[2] = {8.0f - mx[0], 8.0f - mx[1]};
 #pragma unroll
     for (int pp = 0; pp < kPages / 2; ++pp)
@@ -922,6 +935,10 @@ __global__ void __launch_bounds__(128, 2)
           l_run[r] += e[k];
         }
         SplitE4m3x4(e, pa_hi[pp][j], pa_lo[pp][j]);
+        if constexpr (!kPermK) {
+          pa_hi[pp][j] = QuadGather(pa_hi[pp][j], tq);
+          pa_lo[pp][j] = QuadGather(pa_lo[pp][j], tq);
+        }
       }
     prev_tile = t;
   };
@@ -1062,7 +1079,11 @@ Form TileForm() {
               (kFp8 == 1 ? " fp8" : (kFp8 == 2 ? " fp8 ahead" : "")),
           kFp8 != 0};
 }
-Form SplitForm() { return {SplitLoop, 128, kSplitSmemBytes, "form 4 (fp8 products, split)", true}; }
+template <bool kPermK>
+Form SplitForm() {
+  return {SplitLoop<kPermK>, 128, kSplitSmemBytes,
+          std::string("form 4") + (kPermK ? "" : "b") + " (fp8 products, split)", true};
+}
 template <int kFp8>
 Form SwapForm() {
   return {SwapLoop<kFp8>, 128, SwapSmem(kFp8), std::string("form 3 (swap)") + (kFp8 ? " fp8" : ""),
@@ -1152,8 +1173,9 @@ int main() {
   const Form n16 = TileForm<1, false>(), pp16 = TileForm<2, false>(), n32 = TileForm<1, true>(),
              pp32 = TileForm<2, true>(), fp8_start = TileForm<1, true, 1>(),
              fp8_ahead = TileForm<1, true, 2>(), swap = SwapForm<0>(), swap8 = SwapForm<1>(),
-             split = SplitForm();
-  const Form* forms[] = {&n16, &pp16, &n32, &pp32, &fp8_start, &fp8_ahead, &swap, &swap8, &split};
+             split = SplitForm<true>(), split_gather = SplitForm<false>();
+  const Form* forms[] = {&n16,       &pp16, &n32,  &pp32,  &fp8_start,
+                         &fp8_ahead, &swap, &swap8, &split, &split_gather};
   for (const Form* f : forms)
     CUDA_OK(cudaFuncSetAttribute(f->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  std::max(f->smem, kTwoPerSm)));
@@ -1186,6 +1208,7 @@ int main() {
   report("form 3, fp8, 100 KB of shared memory per CTA:", swap8, kTwoPerSm);
   report("form 4 (e4m3 products, 16-bit operands split in two):", split);
   report("form 4, 100 KB of shared memory per CTA:", split, kTwoPerSm);
+  report("form 4b (K as it is, P gathered by shuffles), 100 KB:", split_gather, kTwoPerSm);
   std::printf("compare: the grouped kernel's arithmetic alone, same work (JAX_PAGED_PROBE_NO_LOADS,\n"
               "64,32,8,4096 --q-len 16, per-sample averages): mma.sync row split 263.7 us, the\n"
               "thirteenth session's wgmma form 288.6 us (twenty-fifth session), that form without its\n"

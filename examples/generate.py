@@ -36,6 +36,7 @@ from jax.sharding import Mesh
 import jax_paged
 from jax_paged.cache import kv_cache_bytes
 from jax_paged.engine import Engine, EngineConfig
+from jax_paged.primitives import CUDA_HEAD_SIZES
 from jax_paged.llama import (
     PRESETS, TP_AXIS, LlamaConfig, check_tensor_parallel, generate_dense, init_params,
     load_hf_checkpoint,
@@ -247,6 +248,8 @@ def main(argv=None) -> int:
         prefill_min_rows=args.prefill_min_rows or (args.max_batch if backend == "cpu" else 1),
         prefill_min_len=32)
     kernels = ("jnp reference" if args.attn_impl == "reference" else
+               f"jnp reference (no CUDA kernel for head_dim {config.head_dim})"
+               if backend == "gpu" and config.head_dim not in CUDA_HEAD_SIZES else
                "CUDA kernels" if backend == "gpu" and jax_paged.has_cuda_kernels() else
                f"native {backend} kernels")
     print(f"model: {name}: {config.num_layers} layers, hidden {config.hidden_size}, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import numpy as np
 import jax
@@ -30,6 +31,23 @@ NOT_MAPPED = None  # how batching rules mark an unbatched operand
 IMPLS = ("auto", "v1", "v2", "grouped", "reference")
 # Head sizes the CUDA kernels are instantiated for (block sizes: _shapes).
 CUDA_HEAD_SIZES = (64, 80, 96, 112, 120, 128, 192, 256)
+
+
+def cuda_has_head_size(impl: str, head_size: int) -> bool:
+    """Whether the CUDA kernels run a call of this head size. Where they have no
+    instantiation, ``impl="auto"`` falls back to the jnp reference with a warning
+    (the call works, slowly, and says so); any other ``impl`` names a kernel that
+    cannot run the call, so that is a ``ValueError``."""
+    if head_size in CUDA_HEAD_SIZES:
+        return True
+    if impl != "auto":
+        raise ValueError(f"the CUDA kernels support head_size in {CUDA_HEAD_SIZES}, got "
+                         f"{head_size} with impl={impl!r} (use impl='auto' or 'reference', or "
+                         f"pad the heads)")
+    warnings.warn(f"jax_paged: no CUDA kernel for head_size {head_size} (built for "
+                  f"{CUDA_HEAD_SIZES}); impl='auto' runs the jnp reference on the GPU",
+                  stacklevel=2)
+    return False
 
 
 def ffi_attrs(**attrs) -> dict:
@@ -248,9 +266,11 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
                       return_lse):
     dims = _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
                            v_scale)
-    if platform == "cuda" and dims.head_size not in CUDA_HEAD_SIZES:
-        raise ValueError(f"the CUDA kernels support head_size in {CUDA_HEAD_SIZES}, got "
-                         f"{dims.head_size} (use impl='reference' or pad the heads)")
+    if platform == "cuda" and not cuda_has_head_size(impl, dims.head_size):
+        return _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, alibi,
+                                    k_scale, v_scale, scale=scale, impl="v1",
+                                    partition_size=partition_size, soft_cap=soft_cap,
+                                    sliding_window=sliding_window, return_lse=return_lse)
     grouped_ok = grouped_supports(dims, query.dtype)
     impl = resolve_impl(impl, platform, dims, partition_size, sliding_window, grouped_ok)
     params = dict(scale=scale, impl=impl, partition_size=partition_size, soft_cap=soft_cap,

@@ -165,6 +165,18 @@ def test_gpu_every_head_and_block_size(head_size, block_size):
 
 
 @requires_gpu
+def test_gpu_head_size_without_a_kernel():
+    """Head size 16 (the decode example's tiny model) has no CUDA kernel: "auto" runs the
+    reference on the GPU with a warning and is right; a named kernel is a clear error."""
+    rng = np.random.default_rng(16)
+    inp = make_paged_inputs(rng, [1, 16, 77], 4, 2, 16, 16, jnp.float32)
+    with pytest.warns(UserWarning, match="no CUDA kernel for head_size 16"):
+        run_and_compare("gpu", inp, jnp.float32, "auto")
+    with pytest.raises(ValueError, match="got 16 with impl='grouped'"):
+        jax_paged.paged_attention(*on("gpu", *inp.args()), impl="grouped")
+
+
+@requires_gpu
 def test_gpu_long_context():
     rng = np.random.default_rng(9)
     inp = make_paged_inputs(rng, [32768, 20000], 8, 2, 128, 16, jnp.bfloat16, poison=False)

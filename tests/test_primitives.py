@@ -201,6 +201,17 @@ def test_unsupported_head_size():
         jax.eval_shape(lambda a: jax_paged.paged_attention(**a), args)
 
 
+def test_cuda_head_sizes_without_a_kernel():
+    """A head size the CUDA kernels are not built for: impl="auto" falls back to the jnp
+    reference and warns; a named kernel is a ValueError naming the head size and the impl."""
+    assert primitives.cuda_has_head_size("auto", 128)
+    with pytest.warns(UserWarning, match=r"no CUDA kernel for head_size 16 .*runs the jnp"):
+        assert not primitives.cuda_has_head_size("auto", 16)
+    for impl in ("v1", "v2", "grouped"):
+        with pytest.raises(ValueError, match=rf"support head_size in .*got 16 with impl='{impl}'"):
+            primitives.cuda_has_head_size(impl, 16)
+
+
 def test_cache_write_errors():
     kc = jax.ShapeDtypeStruct((10, 2, 16, 16, 4), np.float32)
     vc = jax.ShapeDtypeStruct((10, 2, 64, 16), np.float32)

@@ -69,10 +69,26 @@ declare -A RESULT DETAIL SECONDS_TAKEN
 
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
 
+# Kills every process whose environment holds GPU_CHECK_STAGE=$1: what a stage left
+# running. (By environment, not by command line: `pkill -f examples/generate.py` also
+# killed a GPU test's own run of the example in a concurrent shard while a nested
+# gpu_check.sh's decode stage ended; thirty-seventh session.)
+kill_stage_leftovers() {
+  local env_file pid
+  for env_file in /proc/[0-9]*/environ; do
+    pid=${env_file#/proc/}
+    pid=${pid%/environ}
+    [ "$pid" = $$ ] && continue
+    grep -qzx "GPU_CHECK_STAGE=$1" "$env_file" 2>/dev/null && kill -9 "$pid" 2>/dev/null
+  done
+  return 0
+}
+
 # run_stage NAME LOGFILE TIMEOUT_S CMD...  -> output to LOGFILE, then to the terminal.
 # Not through a pipe: a process the timeout does not reach (compute-sanitizer's
 # target runs in its own process group) would hold the pipe open and hang the
-# script; processes still running the stage's script after it are killed.
+# script; processes the stage's command started and left running are killed
+# (each stage's processes carry a token of their own in GPU_CHECK_STAGE).
 run_stage() {
   local name=$1 log=$2 tmo=$3
   shift 3
@@ -80,11 +96,10 @@ run_stage() {
   [[ " ${STAGES[*]} " == *" $name "* ]] || STAGES+=("$name")
   echo
   echo "=== [$name] $(now): $*"
-  local t0=$SECONDS rc arg script=""
-  for arg in "$@"; do case $arg in *.py) script=$arg ;; esac; done
-  timeout -k 15 "$tmo" "$@" > "$log" 2>&1
+  local t0=$SECONDS rc token="gpu_check.$$.$name.$RANDOM"
+  GPU_CHECK_STAGE=$token timeout -k 15 "$tmo" "$@" > "$log" 2>&1
   rc=$?
-  [ -n "$script" ] && pkill -9 -f "$script" 2>/dev/null
+  kill_stage_leftovers "$token"
   cat "$log"
   SECONDS_TAKEN[$name]=$((SECONDS - t0))
   if [ "$rc" -eq 0 ]; then RESULT[$name]=ok; else RESULT[$name]="FAILED (exit $rc)"; fi

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -238,3 +239,49 @@ def test_gpu_check_decode_stage_runs_each_variant(tmp_path):
         with open(out / f"decode_{i}.json") as f:
             result = json.load(f)
         assert result["kv_cache_dtype"] == dtype and result["tokens_generated"] == 6, result
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_gpu_check_kills_what_a_stage_left_and_nothing_else(tmp_path):
+    """After a stage, gpu_check.sh kills the processes that stage left running (the
+    sanitizer's target can outlive the timeout), and only those: a process elsewhere whose
+    command line names the same script lives on. (Killing by command line, `pkill -f
+    examples/generate.py`, killed a concurrent GPU test's run of the example when a nested
+    gpu_check.sh's decode stage ended; thirty-seventh session.)"""
+    leftover_pid = tmp_path / "leftover.pid"
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/bash\n"
+                    'case "$*" in *examples/generate.py*)\n'
+                    f"  sleep 300 & echo $! > {leftover_pid}\n"
+                    "  echo 'throughput:        1.0 tokens/s'; exit 0 ;;\n"
+                    "esac\n"
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    bystander = subprocess.Popen(
+        ["bash", "-c", "exec -a 'python examples/generate.py --bystander' sleep 300"])
+    try:
+        env = _script_env(PYTHON=str(fake), OUT=str(tmp_path / "out"), SKIP_INSTALL="1",
+                          SKIP_TESTS="1", SKIP_SANITIZER="1", SKIP_BENCH="1",
+                          DECODE_VARIANTS="--kv-cache-dtype model")
+        run = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        leftover = int(leftover_pid.read_text())
+        for _ in range(50):
+            if not _alive(leftover):
+                break
+            time.sleep(0.1)
+        assert not _alive(leftover), "the stage's leftover process still runs"
+        assert bystander.poll() is None, "gpu_check.sh killed a process that was not its own"
+    finally:
+        bystander.kill()
+        bystander.wait()

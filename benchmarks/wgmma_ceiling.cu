@@ -164,6 +164,59 @@ __device__ void FillStages(unsigned char* smem, const void* k_glob, const void* 
   }
 }
 
+// Forms 1, 2 and 4: a tile's S (s[page][n-tile][4], rows row0 and row0 + 8 of
+// the thread, their logits in log2 units after scaling by row_scale[0 / 1]):
+// the rows' new running maxima over the lane quad, with O and the sums rescaled.
+__device__ __forceinline__ void RescaleRows(const float (&s)[kPages][2][4],
+                                            const float (&row_scale)[2], float (&m_run)[2],
+                                            float (&l_run)[2], float (&o)[kNT][4]) {
+  float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+  for (int p = 0; p < kPages; ++p)
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[p][n][0], s[p][n][1]) * row_scale[0]);
+      mx[1] = fmaxf(mx[1], fmaxf(s[p][n][2], s[p][n][3]) * row_scale[1]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  const float alpha[2] = {exp2f(m_run[0] - mx[0]), exp2f(m_run[1] - mx[1])};
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+  l_run[0] *= alpha[0];
+  l_run[1] *= alpha[1];
+  m_run[0] = mx[0];
+  m_run[1] = mx[1];
+}
+// The rows' sums over the lane quad.
+__device__ __forceinline__ void QuadSums(float (&l_run)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+}
+// O / l of the thread's rows row0, row0 + 8 into o_out ([kRows][kD] float).
+__device__ __forceinline__ void WriteRows(const float (&o)[kNT][4], const float (&l_run)[2],
+                                          float* o_out, int row0, int tq) {
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+    const int c = 8 * n + 2 * tq;
+    o_out[row0 * kD + c] = o[n][0] / l_run[0];
+    o_out[row0 * kD + c + 1] = o[n][1] / l_run[0];
+    o_out[(row0 + 8) * kD + c] = o[n][2] / l_run[1];
+    o_out[(row0 + 8) * kD + c + 1] = o[n][3] / l_run[1];
+  }
+}
+
 // kWgs warpgroups per CTA (1: form 1; 2: form 2). One CTA per item: `tiles`
 // tiles, tile t from stage t % 2; warpgroup g takes tiles g, g + kWgs, ...
 // kN32: Q.K as m64n32k16 products over tokens 8 h..8 h + 7 of the tile's four
@@ -316,31 +369,8 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
     WgmmaWaitAll();
 
     // Online softmax over the tile (rows row0 = r 0, row0 + 8 = r 1).
-    float mx[2] = {m_run[0], m_run[1]};
-#pragma unroll
-    for (int p = 0; p < kPages; ++p)
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[p][n][0], s[p][n][1]) * scale_log2);
-        mx[1] = fmaxf(mx[1], fmaxf(s[p][n][2], s[p][n][3]) * scale_log2);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    const float alpha[2] = {exp2f(m_run[0] - mx[0]), exp2f(m_run[1] - mx[1])};
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
-    }
-    l_run[0] *= alpha[0];
-    l_run[1] *= alpha[1];
-    m_run[0] = mx[0];
-    m_run[1] = mx[1];
+    RescaleRows(s, {scale_log2, scale_log2}, m_run, l_run, o);
+    const float (&mx)[2] = m_run;
 #pragma unroll
     for (int p = 0; p < kPages; ++p) {
       float e[2][4];
@@ -367,11 +397,7 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
     WgmmaCommit();
     WgmmaWaitAll();
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
+  QuadSums(l_run);
 
   float* o_out = out + static_cast<size_t>(blockIdx.x) * kRows * kD;
   if constexpr (kWgs == 2) {
@@ -418,14 +444,7 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
     l_run[0] = l_all[0];
     l_run[1] = l_all[1];
   }
-#pragma unroll
-  for (int n = 0; n < kNT; ++n) {
-    const int c = 8 * n + 2 * tq;
-    o_out[row0 * kD + c] = o[n][0] / l_run[0];
-    o_out[row0 * kD + c + 1] = o[n][1] / l_run[0];
-    o_out[(row0 + 8) * kD + c] = o[n][2] / l_run[1];
-    o_out[(row0 + 8) * kD + c + 1] = o[n][3] / l_run[1];
-  }
+  WriteRows(o, l_run, o_out, row0, tq);
 }
 
 // Form 3 (thirty-fifth session): K and V as the products' A operands, from
@@ -894,31 +913,8 @@ __global__ void __launch_bounds__(128, 2)
     WgmmaCommit();
     WgmmaWaitAll();
 
-    float mx[2] = {m_run[0], m_run[1]};
-#pragma unroll
-    for (int p = 0; p < kPages; ++p)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[p][h][0], s[p][h][1]) * row_scale[0]);
-        mx[1] = fmaxf(mx[1], fmaxf(s[p][h][2], s[p][h][3]) * row_scale[1]);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    const float alpha[2] = {exp2f(m_run[0] - mx[0]), exp2f(m_run[1] - mx[1])};
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
-    }
-    l_run[0] *= alpha[0];
-    l_run[1] *= alpha[1];
-    m_run[0] = mx[0];
-    m_run[1] = mx[1];
+    RescaleRows(s, row_scale, m_run, l_run, o);
+    const float (&mx)[2] = m_run;
     // 256 x P; lane tq's tokens of page p: 4 tq + 2 h + i = S's s[p][h][i] (row0) and
     // s[p][h][2 + i] (row0 + 8), see PermKRow (or, kPermK false, tokens 8 h + 2 tq + i,
     // gathered by QuadGather).
@@ -948,20 +944,8 @@ __global__ void __launch_bounds__(128, 2)
   issue_pv();
   WgmmaCommit();
   WgmmaWaitAll();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  float* o_out = out + static_cast<size_t>(blockIdx.x) * kRows * kD;
-#pragma unroll
-  for (int n = 0; n < kNT; ++n) {
-    const int c = 8 * n + 2 * tq;
-    o_out[row0 * kD + c] = o[n][0] / l_run[0];
-    o_out[row0 * kD + c + 1] = o[n][1] / l_run[0];
-    o_out[(row0 + 8) * kD + c] = o[n][2] / l_run[1];
-    o_out[(row0 + 8) * kD + c + 1] = o[n][3] / l_run[1];
-  }
+  QuadSums(l_run);
+  WriteRows(o, l_run, out + static_cast<size_t>(blockIdx.x) * kRows * kD, row0, tq);
 }
 
 // One set of pages and query rows, on the host and on the device.

@@ -83,6 +83,7 @@ namespace {
 
 // The kernel library's helpers: SmemAddr, PackPair, the wgmma wrappers and descriptors.
 using namespace jax_paged::cuda::grouped;  // NOLINT(build/namespaces)
+using jax_paged::cuda::SplitE4m3x4;
 using T = __nv_bfloat16;
 using Fp8 = __nv_fp8_e4m3;
 
@@ -752,71 +753,10 @@ __global__ void __launch_bounds__(128, 2)
 //   page: the next 16 tokens; SBO 128), two m64n64k32 per page pair and term.
 constexpr int kSplitSmemBytes = kStages * kFp8StageBytes;  // 32 KB
 
-// d0..d3 (+)= a * B, m64n32k32 e4m3 x e4m3 -> f32 (accumulate: 0 ignores d's values).
-__device__ __forceinline__ void QgmmaN32(float (&d0)[4], float (&d1)[4], float (&d2)[4],
-                                         float (&d3)[4], const uint32_t (&a)[4], uint64_t desc,
-                                         int accumulate) {
-#if JAX_PAGED_WGMMA_DEVICE
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-               "{%16, %17, %18, %19}, %20, p, 1, 1;\n}"
-               : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d1[0]), "+f"(d1[1]),
-                 "+f"(d1[2]), "+f"(d1[3]), "+f"(d2[0]), "+f"(d2[1]), "+f"(d2[2]), "+f"(d2[3]),
-                 "+f"(d3[0]), "+f"(d3[1]), "+f"(d3[2]), "+f"(d3[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-#else
-  __trap();
-#endif
-}
-// o[N0 .. N0 + 8) += a * B, m64n64k32 e4m3 x e4m3 -> f32.
-template <int N0>
-__device__ __forceinline__ void QgmmaN64(float (&o)[kNT][4], const uint32_t (&a)[4], uint64_t desc) {
-#if JAX_PAGED_WGMMA_DEVICE
-#define CEIL_F4(i) "+f"(o[N0 + i][0]), "+f"(o[N0 + i][1]), "+f"(o[N0 + i][2]), "+f"(o[N0 + i][3])
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-               "{%32, %33, %34, %35}, %36, 1, 1, 1;"
-               : CEIL_F4(0), CEIL_F4(1), CEIL_F4(2), CEIL_F4(3), CEIL_F4(4), CEIL_F4(5),
-                 CEIL_F4(6), CEIL_F4(7)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-#undef CEIL_F4
-#else
-  __trap();
-#endif
-}
-
-// Four floats as e4m3 bytes (byte i = value i), rounded, saturated.
-__device__ __forceinline__ uint32_t PackE4m3x4(float v0, float v1, float v2, float v3) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
-// v = hi + lo: hi, v's mantissa cut to 3 bits (an e4m3 value for |v| in [2^-6, 448]),
-// and lo = v - hi (exact in float, rounded to e4m3).
-__device__ __forceinline__ float Cut3(float v) {
-  return __uint_as_float(__float_as_uint(v) & 0xFFF00000u);
-}
-__device__ __forceinline__ void SplitE4m3x4(const float (&v)[4], uint32_t& hi, uint32_t& lo) {
-  float h[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = Cut3(v[i]);
-  hi = PackE4m3x4(h[0], h[1], h[2], h[3]);
-  lo = PackE4m3x4(v[0] - h[0], v[1] - h[1], v[2] - h[2], v[3] - h[3]);
-}
-
-// kPermK false (form 4b): K pages as they are (the grouped kernel's bulk copies),
-// and P's A fragments gathered across each lane quad instead: lane tq holds tokens
-// {2 tq, 2 tq + 1, 8 + 2 tq, 9 + 2 tq} of a page as bytes 0-3 of `w` and needs 4 tq ..
-// 4 tq + 3: bytes 0, 1 (tq < 2) or 2, 3 (tq >= 2) of lanes 2 (tq & 1) and 2 (tq & 1) + 1.
-__device__ __forceinline__ uint32_t QuadGather(uint32_t w, int tq) {
-  const int base = (threadIdx.x & 31) - tq + 2 * (tq & 1);
-  const uint32_t x = __shfl_sync(0xffffffffu, w, base);
-  const uint32_t y = __shfl_sync(0xffffffffu, w, base + 1);
-  return __byte_perm(x, y, tq < 2 ? 0x5410u : 0x7632u);
-}
-
+// (The e4m3 products, WgmmaE4m3N32 / WgmmaE4m3AccN64, the operand split,
+// SplitE4m3x4, and the quad gather, QuadGatherBytes, are the kernel library's:
+// wgmma.cuh, dtypes.cuh, grouped_attention.cuh. Form 4b gathers P's A registers
+// across each lane quad instead of storing K's token rows permuted.)
 template <bool kPermK>
 __global__ void __launch_bounds__(128, 2)
     SplitLoop(const void* __restrict__ k_glob, const void* __restrict__ v_glob,
@@ -889,10 +829,10 @@ __global__ void __launch_bounds__(128, 2)
 #pragma unroll
     for (int pp = 0; pp < kPages / 2; ++pp) {
       const uint32_t page = vbase + 2 * pp * kFp8PageBytes;
-      QgmmaN64<0>(o, pa_hi[pp], WithStart(v_desc, page));
-      QgmmaN64<8>(o, pa_hi[pp], WithStart(v_desc, page + 64 * 16));
-      QgmmaN64<0>(o, pa_lo[pp], WithStart(v_desc, page));
-      QgmmaN64<8>(o, pa_lo[pp], WithStart(v_desc, page + 64 * 16));
+      WgmmaE4m3AccN64<0>(o, pa_hi[pp], WithStart(v_desc, page));
+      WgmmaE4m3AccN64<8>(o, pa_hi[pp], WithStart(v_desc, page + 64 * 16));
+      WgmmaE4m3AccN64<0>(o, pa_lo[pp], WithStart(v_desc, page));
+      WgmmaE4m3AccN64<8>(o, pa_lo[pp], WithStart(v_desc, page + 64 * 16));
     }
   };
 
@@ -905,8 +845,11 @@ __global__ void __launch_bounds__(128, 2)
 #pragma unroll
       for (int ks = 0; ks < kD / 32; ++ks) {
         const uint64_t desc = WithStart(k_desc, kbase + h * 128 + ks * 512);
-        QgmmaN32(s[0][h], s[1][h], s[2][h], s[3][h], qhi[ks], desc, ks > 0);
-        QgmmaN32(s[0][h], s[1][h], s[2][h], s[3][h], qlo[ks], desc, 1);
+        if (ks == 0)
+          WgmmaE4m3N32<false>(s[0][h], s[1][h], s[2][h], s[3][h], qhi[ks], desc);
+        else
+          WgmmaE4m3N32<true>(s[0][h], s[1][h], s[2][h], s[3][h], qhi[ks], desc);
+        WgmmaE4m3N32<true>(s[0][h], s[1][h], s[2][h], s[3][h], qlo[ks], desc);
       }
     }
     if constexpr (kWithPv) issue_pv();
@@ -917,7 +860,7 @@ __global__ void __launch_bounds__(128, 2)
     const float (&mx)[2] = m_run;
     // 256 x P; lane tq's tokens of page p: 4 tq + 2 h + i = S's s[p][h][i] (row0) and
     // s[p][h][2 + i] (row0 + 8), see PermKRow (or, kPermK false, tokens 8 h + 2 tq + i,
-    // gathered by QuadGather).
+    // gathered by QuadGatherBytes).
     const float bias[2] = {8.0f - mx[0], 8.0f - mx[1]};
 #pragma unroll
     for (int pp = 0; pp < kPages / 2; ++pp)
@@ -932,8 +875,8 @@ __global__ void __launch_bounds__(128, 2)
         }
         SplitE4m3x4(e, pa_hi[pp][j], pa_lo[pp][j]);
         if constexpr (!kPermK) {
-          pa_hi[pp][j] = QuadGather(pa_hi[pp][j], tq);
-          pa_lo[pp][j] = QuadGather(pa_lo[pp][j], tq);
+          pa_hi[pp][j] = QuadGatherBytes(pa_hi[pp][j], lane);
+          pa_lo[pp][j] = QuadGatherBytes(pa_lo[pp][j], lane);
         }
       }
     prev_tile = t;

@@ -204,6 +204,19 @@ __device__ __forceinline__ void Mma1688(float (&c)[4], const uint32_t (&a)[2], u
   }
 }
 
+// An 8-bit A fragment register from 16-bit-layout accumulators: lane tq of a quad
+// holds a page's tokens {2 tq, 2 tq + 1, 8 + 2 tq, 9 + 2 tq} (S's columns in two
+// 8-token n-tiles) as bytes 0-3 of `w`, and the 8-bit layout wants tokens 4 tq ..
+// 4 tq + 3: bytes 0, 1 (tq < 2) or 2, 3 (tq >= 2) of lanes 2 (tq & 1) and
+// 2 (tq & 1) + 1 of the quad. All 32 lanes call it.
+__device__ __forceinline__ uint32_t QuadGatherBytes(uint32_t w, int lane) {
+  const int tq = lane & 3;
+  const int src = lane - tq + 2 * (tq & 1);
+  const uint32_t x = __shfl_sync(0xffffffffu, w, src);
+  const uint32_t y = __shfl_sync(0xffffffffu, w, src + 1);
+  return __byte_perm(x, y, tq < 2 ? 0x5410u : 0x7632u);
+}
+
 // Two floats rounded to T, packed (lo in the low half): P's A fragment.
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {

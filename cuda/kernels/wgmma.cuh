@@ -170,6 +170,48 @@ __device__ __forceinline__ void WgmmaAccAll(float (&o)[kNT][4], const uint32_t (
   }
 }
 
+// e4m3 x e4m3 -> f32 products, K = 32 (twice the 16-bit rate): A from registers
+// in the 8-bit layout (warp w's rows 16 w + gid and + 8; lane tq holds bytes
+// 4 tq .. 4 tq + 3 of each 16-element K half: registers (gid, k 0-15), (gid + 8,
+// k 0-15), (gid, k 16-31), (gid + 8, k 16-31)), B K-major from `desc` (fp8
+// operands have no transposed form). Accumulators as the 16-bit products'.
+// (d0..d3) (+)= a * B over 32 columns; kAccumulate false: = a * B.
+template <bool kAccumulate>
+__device__ __forceinline__ void WgmmaE4m3N32(float (&d0)[4], float (&d1)[4], float (&d2)[4],
+                                             float (&d3)[4], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+#if JAX_PAGED_WGMMA_DEVICE
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+               "{%16, %17, %18, %19}, %20, p, 1, 1;\n}"
+               : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d1[0]), "+f"(d1[1]),
+                 "+f"(d1[2]), "+f"(d1[3]), "+f"(d2[0]), "+f"(d2[1]), "+f"(d2[2]), "+f"(d2[3]),
+                 "+f"(d3[0]), "+f"(d3[1]), "+f"(d3[2]), "+f"(d3[3])
+               : JAX_PAGED_WG_A4(a), "l"(desc), "r"(kAccumulate ? 1 : 0));
+#else
+  __trap();
+#endif
+}
+// o[N0 .. N0 + 8) += a * B, 64 columns of B from `desc`.
+template <int N0, int kNT>
+__device__ __forceinline__ void WgmmaE4m3AccN64(float (&o)[kNT][4], const uint32_t (&a)[4],
+                                                uint64_t desc) {
+  static_assert(N0 + 8 <= kNT, "n-tiles");
+#if JAX_PAGED_WGMMA_DEVICE
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "{%32, %33, %34, %35}, %36, 1, 1, 1;"
+               : JAX_PAGED_WG_F4(o, N0 + 0), JAX_PAGED_WG_F4(o, N0 + 1), JAX_PAGED_WG_F4(o, N0 + 2),
+                 JAX_PAGED_WG_F4(o, N0 + 3), JAX_PAGED_WG_F4(o, N0 + 4), JAX_PAGED_WG_F4(o, N0 + 5),
+                 JAX_PAGED_WG_F4(o, N0 + 6), JAX_PAGED_WG_F4(o, N0 + 7)
+               : JAX_PAGED_WG_A4(a), "l"(desc));
+#else
+  __trap();
+#endif
+}
+
 #undef JAX_PAGED_WG_F4
 #undef JAX_PAGED_WG_A4
 

@@ -1010,9 +1010,31 @@ def test_gpu_row_split_mma_sync_form():
 
 
 @requires_gpu
+def test_gpu_fp8_wgmma_form():
+    """The fp8 64-row CTAs' wgmma form (development, JAX_PAGED_FP8_WGMMA=1, read once
+    per process, so in a pytest run of its own; bf16 queries, e4m3 caches, 16-token pages,
+    head sizes 96 and 128): e4m3 products with the query rows and P split into two e4m3
+    terms. Its cases: the fp8 64-row tests at those shapes (edge lengths, NaN in unused
+    slots, per-KV-head scales, LSE with a soft cap, a window, 80 rows in two CTAs) and the
+    many-items test on an e4m3 cache. The kernel says once on stderr that the form ran."""
+    cases = [f"test_gpu_fp8_row_split_64_rows[{c}]" for c in (
+        "128-16-float8_e4m3fn-bfloat16", "96-16-float8_e4m3fn-bfloat16")]
+    cases += ["test_gpu_row_split_many_items[128-16-float8_e4m3fn]"]
+    env = dict(os.environ, JAX_PAGED_FP8_WGMMA="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    # (-s: the kernel's notice reaches this process's stderr.)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                           *(f"{__file__}::{c}" for c in cases)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-2000:])
+    assert "JAX_PAGED_FP8_WGMMA=1: fp8 64-row CTAs on the wgmma form" in proc.stderr, (
+        "the wgmma form did not run: " + proc.stderr[-2000:])
+
+
+@requires_gpu
 @pytest.mark.parametrize("head_size,block_size,cache_dtype", [
     (128, 16, jnp.bfloat16), (128, 8, jnp.bfloat16), (128, 32, jnp.float16),
-    (96, 16, jnp.float16)])
+    (96, 16, jnp.float16), (128, 16, jnp.float8_e4m3fn)])
 def test_gpu_row_split_many_items(head_size, block_size, cache_dtype, monkeypatch):
     """The 64-row CTAs over ~2900 work items (120 sequences x 8 KV heads x up to 3
     partitions at q_len 16; on an H100 / H200 the wgmma form, whose query rows go from
@@ -1024,13 +1046,16 @@ def test_gpu_row_split_many_items(head_size, block_size, cache_dtype, monkeypatc
     256-token partitions (the partition rule patched: the workspace and V2's reduce,
     ~5 partitions per sequence, where the rule itself splits only grids of fewer items
     than CTA slots). (Written for the thirty-third session's persistent CTAs, whose
-    CTAs walked many items each; kept for the items' edge cases.)"""
+    CTAs walked many items each; kept for the items' edge cases.) An e4m3 cache takes a
+    bf16 query (the fp8 row split, and with JAX_PAGED_FP8_WGMMA=1 its wgmma form)."""
     rng = np.random.default_rng(head_size * block_size + 7)
     edges = [0, 0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 511, 512, 513, 1024, 1100]
     lens = np.concatenate([edges, rng.integers(0, 1100, size=120 - len(edges))])
     rng.shuffle(lens)
+    query_dtype = jnp.bfloat16 if cache_dtype == jnp.float8_e4m3fn else None
     inputs = {q_len: make_inputs(rng, [int(n) for n in lens], 32, 8, head_size, block_size,
-                                 cache_dtype, q_len=q_len) for q_len in (16, 12)}
+                                 cache_dtype, query_dtype=query_dtype, q_len=q_len)
+              for q_len in (16, 12)}
     # (compare's assert_close also fails on NaN: an output the kernel did not write.)
     for q_len, kwargs in ((16, {}), (16, dict(return_lse=True, soft_cap=10.0)),
                           (16, dict(sliding_window=100)), (12, {})):
@@ -1074,7 +1099,7 @@ def test_gpu_row_split_uneven_rows_with_alibi(head_size, block_size, cache_dtype
 @pytest.mark.parametrize("cache_dtype,query_dtype", [(jnp.float8_e4m3fn, jnp.bfloat16),
                                                      (jnp.float8_e5m2, jnp.float16)])
 @pytest.mark.parametrize("head_size,block_size", [(128, 16), (64, 8), (96, 32), (112, 16),
-                                                  (256, 32), (192, 8)])
+                                                  (256, 32), (192, 8), (96, 16)])
 def test_gpu_fp8_row_split_64_rows(cache_dtype, query_dtype, head_size, block_size):
     """fp8 caches with 64 (q_len 16) and 48 (q_len 12) query rows per KV head, at edge
     lengths, NaN in every unused slot, per-KV-head scales: one 64-row CTA (the fp8

@@ -496,6 +496,16 @@ __global__ void __launch_bounds__(
   constexpr bool kFp8 = C::kFp8;
   // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
   using TM = std::conditional_t<kFp8, __half, T>;
+  // The wgmma form on fp8 caches (development, JAX_PAGED_FP8_WGMMA=1; ceiling form 4b
+  // of benchmarks/wgmma_ceiling.cu): e4m3 products on the pages as they are, the query
+  // rows and P split into two e4m3 terms each (SplitE4m3x4), P's A registers gathered
+  // across each lane quad (QuadGatherBytes); K-major B operands without swizzle (K:
+  // core matrix 8 tokens x 16 dims; V: 8 dims x 16 tokens, LBO a page), so V comes by
+  // the bulk copies, not a tensor map.
+  constexpr bool kWgFp8 = kWgmma && kFp8;
+  static_assert(!kWgFp8 || (D % 32 == 0 && kBlockSize == 16 &&
+                            std::is_same_v<TC, __nv_fp8_e4m3> && std::is_same_v<T, __nv_bfloat16>),
+                "fp8 wgmma: e4m3 pages of 16 tokens, bf16 queries, head_size % 32 == 0");
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -640,7 +650,7 @@ __global__ void __launch_bounds__(
                            static_cast<uint32_t>(lane) * page_bytes;
       BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
       const uint32_t dst_v = dst + C::kTileElems * sizeof(TC);
-      if constexpr (kWgmma) {
+      if constexpr (kWgmma && !kFp8) {
         // The V page as the box of rows (phys * num_kv_heads + kv_head) * D.. of
         // v_map ([rows][BS] with the products' swizzle, EncodeValueTensorMap):
         // it arrives in P.V's operand layout. (The launcher checks that the
@@ -718,7 +728,20 @@ __global__ void __launch_bounds__(
       const int lr = lr0 + 8 * h;
       const bool ok = lr < rows;
       const T* row = static_cast<const T*>(p.query) + (ok ? hrow_of(lr) : 0) * D;
-      if constexpr (kFp8) {
+      if constexpr (kWgFp8) {
+        // The 8-bit A layout, bf16 for now: k step s (32 dims), registers h (dims
+        // 32 s + 4 tq .. + 3) and h + 2 (dims 32 s + 16 + 4 tq ..); split below.
+        const uint2* src = reinterpret_cast<const uint2*>(row) + tq4;
+#pragma unroll
+        for (int s2 = 0; s2 < D / 32; ++s2) {
+          const uint2 a = ok ? src[8 * s2] : make_uint2(0u, 0u);
+          const uint2 b = ok ? src[8 * s2 + 4] : make_uint2(0u, 0u);
+          qa[2 * s2][h] = a.x;          // (bf16 pairs until the split)
+          qa[2 * s2][h + 2] = a.y;
+          qa[2 * s2 + 1][h] = b.x;
+          qa[2 * s2 + 1][h + 2] = b.y;
+        }
+      } else if constexpr (kFp8) {
         // The permuted pairs (see above): k indices 2 tq, + 1 (logical pair tq) and
         // 2 tq + 8, + 9 (pair tq + 4) hold dims 16 ks + 4 tq .. + 3: one 8-byte load.
         const uint2* src = reinterpret_cast<const uint2*>(row) + tq4;
@@ -736,7 +759,49 @@ __global__ void __launch_bounds__(
           for (int c = 0; c < 2; ++c) qa[ks][h + 2 * c] = ok ? src[ks * 8 + 4 * c] : 0u;
       }
     }
-    if constexpr (kFp8 && std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kWgFp8) {
+      // The warp's rows times a power of two that puts their largest |q| in [128,
+      // 256) (e4m3's largest is 448; divided out of the logits), then each value as
+      // hi + lo e4m3 bytes: qa[2 s] the hi terms of k step s, qa[2 s + 1] the lo
+      // terms, each in the 8-bit A layout (register j: row gid + 8 (j & 1), dims
+      // 32 s + 16 (j >> 1) + 4 tq .. + 3).
+      float amax = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, Bf16PairAbsMax(qa[ks][i]));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (amax > 0.0f && amax <= FLT_MAX) {
+        int e = 0;
+        (void)frexpf(amax, &e);  // amax < 2^e
+        q_scale = ldexpf(1.0f, min(max(8 - e, -126), 126));
+      }
+      uint32_t qa_split[D / 16][4];  // the split terms, until qa takes them
+#pragma unroll
+      for (int s2 = 0; s2 < D / 32; ++s2)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          // Register j's four dims: pairs (j & 1) + 2 (j >> 1) of the loaded words:
+          // row r = j & 1, dims 16 (j >> 1) + 4 tq .. + 3 of step s2.
+          const int r = j & 1, half = j >> 1;
+          const uint32_t w0 = qa[2 * s2 + half][r], w1 = qa[2 * s2 + half][r + 2];
+          const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w0));
+          const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w1));
+          const float v[4] = {f0.x * q_scale, f0.y * q_scale, f1.x * q_scale, f1.y * q_scale};
+          uint32_t hi, lo;
+          SplitE4m3x4(v, hi, lo);
+          qa_split[s2][j] = hi;
+          qa_split[D / 32 + s2][j] = lo;
+        }
+#pragma unroll
+      for (int s2 = 0; s2 < D / 32; ++s2)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          qa[2 * s2][j] = qa_split[s2][j];
+          qa[2 * s2 + 1][j] = qa_split[D / 32 + s2][j];
+        }
+    } else if constexpr (kFp8 && std::is_same_v<T, __nv_bfloat16>) {
       // bf16 -> f16 times a power of two, as the staging below does, but from the
       // warp's own 16 rows (each warp's logits use only its own rows' scale).
       float amax = 0.0f;
@@ -902,7 +967,9 @@ __global__ void __launch_bounds__(
   for (int q = 0; q < 2 * kSub; ++q)
     pg[q] = (slice_tok + kSubStride * (q >> 1) + 8 * (q & 1)) >> log2_bs;
   const float k_scale = p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f;
-  const float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
+  float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
+  // (The fp8 wgmma form multiplies P by 256 before its split, and O by 1/256 here.)
+  if constexpr (kWgFp8) v_scale *= 1.0f / 256.0f;
   const float soft_cap = p.soft_cap;
   // Without a soft cap the logits are computed directly in log2 units; with
   // one, in natural units, capped, then converted.
@@ -955,8 +1022,10 @@ __global__ void __launch_bounds__(
   for (int n = 0; n < C::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
   // Token (0..15 within the slice) of S fragment element s[nt][e].
+  // (The fp8 mma.sync path loads each lane's K tokens so that lane tq's columns are
+  // tokens 4 tq .. 4 tq + 3; the wgmma products read K as it lies: 16-bit columns.)
   auto token_of = [&](int nt, int e) -> int {
-    return kFp8 ? 4 * tq + 2 * nt + (e & 1) : nt * 8 + 2 * tq + (e & 1);
+    return kFp8 && !kWgmma ? 4 * tq + 2 * nt + (e & 1) : nt * 8 + 2 * tq + (e & 1);
   };
 
   // Shared-memory byte offsets (within a stage's K or V region) of this lane's
@@ -1106,9 +1175,9 @@ __global__ void __launch_bounds__(
     for (int sp = 0; sp < 2; ++sp)
       wg_k_off[sp] = Opaque(BS == 16 ? 128u * sp : static_cast<uint32_t>((32 * sp) >> log2_bs) * page_bytes);
     k_desc = SmemDescriptor(16u * BS, BS == 32 ? 128u : page_bytes, SmemSwizzle::kNone);
-    v_desc = BS == 8 ? SmemDescriptor(page_bytes, 128u, SmemSwizzle::kNone)
-                     : (BS == 16 ? SmemDescriptor(16u, 256u, SmemSwizzle::k32B)
-                                 : SmemDescriptor(16u, 512u, SmemSwizzle::k64B));
+    v_desc = BS == 8 || kFp8 ? SmemDescriptor(page_bytes, 128u, SmemSwizzle::kNone)
+                             : (BS == 16 ? SmemDescriptor(16u, 256u, SmemSwizzle::k32B)
+                                         : SmemDescriptor(16u, 512u, SmemSwizzle::k64B));
   }
   // V's tokens without data in stage st zeroed (P is 0 there, but 0 * NaN is NaN;
   // pages not copied hold a previous tile's or never-written bytes). The tensor copy
@@ -1121,6 +1190,21 @@ __global__ void __launch_bounds__(
   auto zero_v_without_data = [&](int st, Mask data_bits) {
     unsigned char* vrows =
         smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC);
+    if constexpr (kFp8) {  // (16-token pages: a row is 16 bytes, unswizzled)
+      for (int r = tid; r < ppt * D; r += kThreads) {
+        const int page = r / D;
+        const int d = r - page * D;
+        uint4* row = reinterpret_cast<uint4*>(vrows + page * page_elems + d * BS);
+        const uint32_t bits = static_cast<uint32_t>(data_bits >> (page * BS));
+        uint4 c = *row;
+        c.x &= ByteMask(bits & 0xFu);
+        c.y &= ByteMask((bits >> 4) & 0xFu);
+        c.z &= ByteMask((bits >> 8) & 0xFu);
+        c.w &= ByteMask((bits >> 12) & 0xFu);
+        *row = c;
+      }
+      return;
+    }
     const int chunks = BS >> 3;  // 16-byte chunks (8 tokens) per row
     for (int r = tid; r < ppt * D; r += kThreads) {
       const int page = r / D;
@@ -1190,6 +1274,22 @@ __global__ void __launch_bounds__(
     if constexpr (kWgmma) {
       const uint32_t kb = stages_addr + static_cast<uint32_t>(st) * C::kStageBytes;
       WgmmaFence();  // (dst was read by ordinary instructions)
+      if constexpr (kFp8) {
+        // 32 dims (two 16-dim chunks of BS * 16 bytes) per step; qa[2 s] the query's
+        // hi terms, qa[2 s + 1] its lo terms (16-token pages: product sp = tokens
+        // 8 sp.. of each page).
+#pragma unroll
+        for (int s2 = 0; s2 < D / 32; ++s2)
+#pragma unroll
+          for (int sp = 0; sp < 2; ++sp) {
+            const uint64_t desc = WithStart(k_desc, kb + wg_k_off[sp] + s2 * 32u * BS);
+            if (s2 == 0)
+              WgmmaE4m3N32<false>(dst[0][sp], dst[1][sp], dst[2][sp], dst[3][sp], qa[0], desc);
+            else
+              WgmmaE4m3N32<true>(dst[0][sp], dst[1][sp], dst[2][sp], dst[3][sp], qa[2 * s2], desc);
+            WgmmaE4m3N32<true>(dst[0][sp], dst[1][sp], dst[2][sp], dst[3][sp], qa[2 * s2 + 1], desc);
+          }
+      } else {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
@@ -1206,6 +1306,7 @@ __global__ void __launch_bounds__(
           else
             WgmmaN32<TM, true>(t0, t1, t2, t3, qa[ks], desc);
         }
+      }
       WgmmaCommit();
     }
   };
@@ -1528,7 +1629,42 @@ __global__ void __launch_bounds__(
         // last) test nothing per n-tile (a per-tile test cost 4 branch
         // instructions per n-tile in the fp8 SASS).
         const bool masked = smask != kFullMask;
-        if constexpr (kWgmma) {
+        if constexpr (kWgFp8) {
+          // O (64 rows x D) += 256 P V (the 1/256 is in v_scale): 256 P split into
+          // e4m3 hi + lo terms, each gathered into 8-bit A registers, page pair pp
+          // (sub-slices 2 pp, 2 pp + 1: K indices 0-15 and 16-31), register j: row
+          // gid + 8 (j & 1) of page 2 pp + (j >> 1); 32 tokens x 64 (or 32) dims per
+          // product, V's rows K-major with LBO a page. V's tokens without data were
+          // zeroed by zero_v_without_data.
+          uint32_t pa8[kSub / 2][2][4];  // [page pair][hi, lo][register]
+#pragma unroll
+          for (int pp = 0; pp < kSub / 2; ++pp)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const int h = 2 * pp + (j >> 1), r = j & 1;
+              // This lane's tokens {2 tq, 2 tq + 1, 8 + 2 tq, 9 + 2 tq} of page h.
+              const float v[4] = {256.0f * sw[h][0][2 * r], 256.0f * sw[h][0][2 * r + 1],
+                                  256.0f * sw[h][1][2 * r], 256.0f * sw[h][1][2 * r + 1]};
+              uint32_t hi, lo;
+              SplitE4m3x4(v, hi, lo);
+              pa8[pp][0][j] = QuadGatherBytes(hi, lane);
+              pa8[pp][1][j] = QuadGatherBytes(lo, lane);
+            }
+          WgmmaFence();
+#pragma unroll
+          for (int pp = 0; pp < kSub / 2; ++pp)
+#pragma unroll
+            for (int term = 0; term < 2; ++term) {
+              const uint32_t page = vbase + 2u * pp * page_bytes;
+              WgmmaE4m3AccN64<0>(o, pa8[pp][term], WithStart(v_desc, page));
+              if constexpr (D == 128)
+                WgmmaE4m3AccN64<8>(o, pa8[pp][term], WithStart(v_desc, page + 64u * BS));
+              else
+                WgmmaE4m3N32<true>(o[8], o[9], o[10], o[11], pa8[pp][term],
+                                   WithStart(v_desc, page + 64u * BS));
+            }
+          WgmmaCommit();
+        } else if constexpr (kWgmma) {
           // O (64 rows x D) += P V, 16 tokens x up to 64 dims per product; V's
           // tokens without data were zeroed by zero_v_without_data.
           WgmmaFence();
@@ -1958,6 +2094,20 @@ inline bool WgmmaEnabled(int device) {
   return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
 }
 
+// Whether the fp8 64-row CTAs run their wgmma form (kWgmma with fp8 caches;
+// development: JAX_PAGED_FP8_WGMMA=1, read once; BENCHMARKS.md, thirty-seventh
+// session): on compute capability 9.0, for bf16 queries on e4m3 caches of 16-token
+// pages at head sizes 96 and 128 (WgmmaFp8RowSplitAvailable).
+inline bool Fp8WgmmaEnabled(int device) {
+  static const bool enabled = EnvIs("JAX_PAGED_FP8_WGMMA", "1");
+  return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
+}
+template <typename T, typename TC, int D>
+constexpr bool WgmmaFp8RowSplitAvailable() {
+  return std::is_same_v<T, __nv_bfloat16> && std::is_same_v<TC, __nv_fp8_e4m3> &&
+         (D == 96 || D == 128);
+}
+
 // The driver's cuTensorMapEncodeTiled, found once through the runtime (so that
 // nothing links libcuda); nullptr where the driver has none.
 using TensorMapEncoder = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
@@ -2017,6 +2167,10 @@ bool EncodeValueTensorMap(const PagedAttentionParams& p, CUtensorMap* map) {
 // built when JAX_PAGED_HAVE_WGMMA), which instantiate it per head size.
 template <typename T, int D>
 GroupedInstance WgmmaRowSplitInstance(int block_size);
+// Its fp8 form (WgmmaFp8RowSplitAvailable; 16-token pages), in
+// cuda/ffi/wgmma_grouped_fp8e4m3.cu.
+template <int D>
+GroupedInstance WgmmaFp8RowSplitInstance();
 
 // Raises the shared-memory limit and the carveout hint of one kernel
 // instantiation, once per device.
@@ -2079,6 +2233,10 @@ template <typename T, int D>
 GroupedInstance WgmmaRowSplitInstance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
 }
+template <int D>
+GroupedInstance WgmmaFp8RowSplitInstance() {
+  return GroupedInstanceOf<__nv_bfloat16, __nv_fp8_e4m3, D, false, 16, false, 4, true>();
+}
 #endif
 
 // The kernel for a call: plain (see the kernel) or general. A plain step with
@@ -2092,6 +2250,17 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
                                       CUtensorMap* v_map) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
 #ifdef JAX_PAGED_HAVE_WGMMA
+  if constexpr (kRowBlocks == 4 && WgmmaFp8RowSplitAvailable<T, TC, D>()) {
+    if (p.block_size == 16 && Fp8WgmmaEnabled(device)) {
+      // (Said once, so that a test or an A/B run can tell that the form ran.)
+      static std::atomic<bool> told{false};
+      if (!told.exchange(true))
+        std::fputs("jax_paged: JAX_PAGED_FP8_WGMMA=1: fp8 64-row CTAs on the wgmma form "
+                   "(development)\n",
+                   stderr);
+      return WgmmaFp8RowSplitInstance<D>();
+    }
+  }
   if constexpr (kRowBlocks == 4 && WgmmaRowSplitAvailable(sizeof(T), sizeof(TC), D)) {
     if (WgmmaEnabled(device)) {
       if (EncodeValueTensorMap<T, D>(p, v_map)) return WgmmaRowSplitInstance<T, D>(p.block_size);
@@ -2175,6 +2344,11 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA(T, H)                                   \
   template jax_paged::cuda::grouped::GroupedInstance                               \
   jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);
+
+// The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
+#define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \
+  template jax_paged::cuda::grouped::GroupedInstance                               \
+  jax_paged::cuda::grouped::WgmmaFp8RowSplitInstance<H>();
 
 // Explicit instantiation for one dtype and head size (cuda/ffi/cuda_grouped_*.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED(T, TC, H)                                        \

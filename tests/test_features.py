@@ -67,6 +67,18 @@ def attend_on_poisoned_memory(platform, inp, impl, **kwargs):
     return got
 
 
+def lse_tolerance(inp) -> float:
+    """The lse tolerance (absolute and relative): 2e-5, every default kernel's fp32
+    accuracy. 5e-3 for e4m3 caches under the fp8 wgmma form (development,
+    JAX_PAGED_FP8_WGMMA=1): its e4m3 tensor-core products accumulate with fewer bits than
+    fp32 (about 14 on Hopper, DeepSeek-V3's report), so its logits, and lse with them, are
+    less exact (max |error| 2.2e-3 on the H200, thirty-seventh session); its outputs keep
+    the query dtype's tolerance."""
+    fp8_wgmma = (os.environ.get("JAX_PAGED_FP8_WGMMA") == "1" and
+                 np.dtype(inp.key_cache.dtype) == np.dtype(jnp.float8_e4m3fn))
+    return 5e-3 if fp8_wgmma else 2e-5
+
+
 def compare(platform, inp, impl, poisoned=False, **kwargs):
     """Kernel vs reference (out and, with return_lse, lse); returns the kernel's result.
     poisoned: the call through attend_on_poisoned_memory."""
@@ -77,7 +89,8 @@ def compare(platform, inp, impl, poisoned=False, **kwargs):
     if kwargs.get("return_lse"):
         (out, lse), (want_out, want_lse) = got, want
         assert lse.dtype == jnp.float32 and lse.shape == inp.query.shape[:-1]
-        np.testing.assert_allclose(np.asarray(lse), want_lse, atol=2e-5, rtol=2e-5,
+        tol = lse_tolerance(inp)
+        np.testing.assert_allclose(np.asarray(lse), want_lse, atol=tol, rtol=tol,
                                    err_msg=f"{impl} lse vs reference")
     else:
         out, want_out = got, want
@@ -1068,7 +1081,8 @@ def test_gpu_row_split_many_items(head_size, block_size, cache_dtype, monkeypatc
                                          partition_size=1024)
     want, want_lse = reference_on_cpu(reference.paged_attention, *inp.args(), impl="v2",
                                       partition_size=256, return_lse=True)
-    np.testing.assert_allclose(np.asarray(lse), want_lse, atol=2e-5, rtol=2e-5)
+    tol = lse_tolerance(inp)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, atol=tol, rtol=tol)
     assert_close(got, want, inp.query.dtype, "row split, 256-token partitions")
 
 

@@ -299,6 +299,18 @@ __device__ __forceinline__ float Bf16PairAbsMax(uint32_t v) {
   const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
   return fmaxf(fabsf(f.x), fabsf(f.y));
 }
+// The largest |x| of a warp's query fragments (bf16 pairs), over all its lanes.
+template <int N>
+__device__ __forceinline__ float WarpBf16AbsMax(const uint32_t (&qa)[N][4]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < N; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) amax = fmaxf(amax, Bf16PairAbsMax(qa[ks][i]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  return amax;
+}
 __device__ __forceinline__ float F16QueryScale(float amax) {
   float scale = 1.0f;
   if (amax > 0.0f && amax <= FLT_MAX) {
@@ -765,13 +777,7 @@ __global__ void __launch_bounds__(
       // hi + lo e4m3 bytes: qa[2 s] the hi terms of k step s, qa[2 s + 1] the lo
       // terms, each in the 8-bit A layout (register j: row gid + 8 (j & 1), dims
       // 32 s + 16 (j >> 1) + 4 tq .. + 3).
-      float amax = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, Bf16PairAbsMax(qa[ks][i]));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float amax = WarpBf16AbsMax(qa);
       if (amax > 0.0f && amax <= FLT_MAX) {
         int e = 0;
         (void)frexpf(amax, &e);  // amax < 2^e
@@ -804,14 +810,7 @@ __global__ void __launch_bounds__(
     } else if constexpr (kFp8 && std::is_same_v<T, __nv_bfloat16>) {
       // bf16 -> f16 times a power of two, as the staging below does, but from the
       // warp's own 16 rows (each warp's logits use only its own rows' scale).
-      float amax = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) amax = fmaxf(amax, Bf16PairAbsMax(qa[ks][i]));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      q_scale = F16QueryScale(amax);
+      q_scale = F16QueryScale(WarpBf16AbsMax(qa));
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll

@@ -36,10 +36,12 @@ CUDA_HEAD_SIZES = (64, 80, 96, 112, 120, 128, 192, 256)
 def cuda_has_head_size(impl: str, head_size: int) -> bool:
     """Whether the CUDA kernels run a call of this head size. Where they have no
     instantiation, ``impl="auto"`` falls back to the jnp reference with a warning
-    (the call works, slowly, and says so); any other ``impl`` names a kernel that
-    cannot run the call, so that is a ``ValueError``."""
+    (the call works, slowly, and says so), ``"reference"`` is the reference anyway, and
+    any other ``impl`` names a kernel that cannot run the call: a ``ValueError``."""
     if head_size in CUDA_HEAD_SIZES:
         return True
+    if impl == "reference":
+        return False
     if impl != "auto":
         raise ValueError(f"the CUDA kernels support head_size in {CUDA_HEAD_SIZES}, got "
                          f"{head_size} with impl={impl!r} (use impl='auto' or 'reference', or "

@@ -205,6 +205,7 @@ def test_cuda_head_sizes_without_a_kernel():
     """A head size the CUDA kernels are not built for: impl="auto" falls back to the jnp
     reference and warns; a named kernel is a ValueError naming the head size and the impl."""
     assert primitives.cuda_has_head_size("auto", 128)
+    assert not primitives.cuda_has_head_size("reference", 16)
     with pytest.warns(UserWarning, match=r"no CUDA kernel for head_size 16 .*runs the jnp"):
         assert not primitives.cuda_has_head_size("auto", 16)
     for impl in ("v1", "v2", "grouped"):

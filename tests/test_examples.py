@@ -25,10 +25,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
      "greedy tokens equal the dense-cache implementation: yes (6/6 requests)"),
 ])
 def test_example_runs_and_checks_itself(script, args, expect):
+    run_example(script, args, expect)
+
+
+def run_example(script: str, args: list, expect: str) -> str:
+    """Runs examples/<script> with args; asserts it exits 0 and prints `expect`; its stdout."""
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     assert expect in proc.stdout, proc.stdout[-2000:]
+    return proc.stdout
 
 
 @requires_gpu
@@ -42,9 +48,6 @@ def test_gpu_examples_run_as_the_readme_says(script, expect):
     tests by "gpu" in their names, so the CPU test above never ran there. (The decode
     example's default tiny model has head_dim 16, which no CUDA kernel is built for: it
     runs on the reference and says so.)"""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    assert expect in proc.stdout, proc.stdout[-2000:]
+    stdout = run_example(script, [], expect)
     if script == "generate.py":
-        assert "paged attention: jnp reference (no CUDA kernel for head_dim 16)" in proc.stdout
+        assert "paged attention: jnp reference (no CUDA kernel for head_dim 16)" in stdout

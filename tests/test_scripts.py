@@ -63,7 +63,7 @@ def test_ab_build_switches_off_every_option_of_b_and_c_in_a():
     """Build A (the default) switches off the options of B and of C: CMake keeps a cached
     option until it is set again, and A once kept C's timing probe on (tenth session)."""
     env = _script_env(AB_DRY_RUN="1", AB_CMAKE_ARGS="-DJAX_PAGED_PROBE_NO_COMPUTE=ON",
-               AB_CMAKE_ARGS_C="-DJAX_PAGED_PROBE_NO_REDUCE=ON")
+                      AB_CMAKE_ARGS_C="-DJAX_PAGED_PROBE_NO_REDUCE=ON")
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ab_build.sh")], env=env,
                          capture_output=True, text=True, check=True, timeout=60).stdout
     builds = dict(line.split("=", 1) for line in out.strip().splitlines())

@@ -2088,9 +2088,13 @@ GroupedInstance GroupedInstanceOf() {
 // configurations, e.g. 285.3 against 308.5 us at 64 x 32 x 8 x 4096; the GPU
 // suite passed with it; BENCHMARKS.md, twenty-sixth session). (Swizzling V in
 // place per tile, its thirteenth-session form was 11-20% slower.)
+// Compute capability 9.0 (H100, H200): the one the sm_90a machine code runs on.
+inline bool IsSm90(int device) {
+  return ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
+}
 inline bool WgmmaEnabled(int device) {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA", "0");
-  return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
+  return enabled && IsSm90(device);
 }
 
 // Whether the fp8 64-row CTAs run their wgmma form (kWgmma with fp8 caches;
@@ -2099,7 +2103,7 @@ inline bool WgmmaEnabled(int device) {
 // pages at head sizes 96 and 128 (WgmmaFp8RowSplitAvailable).
 inline bool Fp8WgmmaEnabled(int device) {
   static const bool enabled = EnvIs("JAX_PAGED_FP8_WGMMA", "1");
-  return enabled && ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
+  return enabled && IsSm90(device);
 }
 template <typename T, typename TC, int D>
 constexpr bool WgmmaFp8RowSplitAvailable() {

@@ -48,7 +48,13 @@
 //           P^T stored by stmatrix.trans. It asks whether fp8 q_len 16 can do
 //           its arithmetic without widening into shared memory (the rows above)
 //           and at n64 instead of n32.
-// All are checked first against a float64 CPU computation (1, 2 and 5 tiles).
+//   form 4 / 4b (thirty-seventh session): e4m3 products with the 16-bit operands
+//           split in two e4m3 terms (below); 4b's accuracy variants (thirty-eighth
+//           session) take the Q.K products in two chains or one at a time, and P.V
+//           fresh per tile, each added in fp32 (SplitLoop).
+// All are checked first against a float64 CPU computation (1, 2 and 5 tiles);
+// then the error over long chains (64 and 512 tiles, "chain" rows, measured and
+// not gated), with the split forms' lse error.
 //
 // Build and run (CMake builds it as jax_paged_wgmma_ceiling when the CUDA
 // module is built; or directly):
@@ -72,6 +78,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -757,7 +764,25 @@ constexpr int kSplitSmemBytes = kStages * kFp8StageBytes;  // 32 KB
 // SplitE4m3x4, and the quad gather, QuadGatherBytes, are the kernel library's:
 // wgmma.cuh, dtypes.cuh, grouped_attention.cuh. Form 4b gathers P's A registers
 // across each lane quad instead of storing K's token rows permuted.)
-template <bool kPermK>
+// Accuracy variants (thirty-eighth session; form 4b's arithmetic otherwise): the
+// e4m3 tensor-core products accumulate with fewer bits than fp32 (about 14 on
+// Hopper, DeepSeek-V3's report), so the kernel's logits, one chain of 8 products
+// per S half, and its O, one chain over every tile, are less exact than the split
+// operands. kQk 1: the hi terms and the lo terms in two chains, added in fp32;
+// kQk 2: each Q.K product into a fresh accumulator, waited for and added in fp32
+// (no tensor-core accumulation across products: the most exact logits, and the
+// waits' cost). kPvFresh: each tile's P.V into fresh accumulators (its four
+// products chained), added to O in fp32 (DeepSeek-V3's promotion; 64 more
+// registers). Every split form also writes its rows' lse (natural log) after the
+// outputs: out[gridDim.x * kRows * kD + item * kRows + row].
+template <bool kFirst, typename A, typename B>
+__device__ __forceinline__ auto& Pick(A& a, B& b) {  // a if kFirst, else b
+  if constexpr (kFirst)
+    return a;
+  else
+    return b;
+}
+template <bool kPermK, int kQk = 0, bool kPvFresh = false>
 __global__ void __launch_bounds__(128, 2)
     SplitLoop(const void* __restrict__ k_glob, const void* __restrict__ v_glob,
               const uint16_t* __restrict__ q_glob, float* __restrict__ out, int tiles,
@@ -821,40 +846,101 @@ __global__ void __launch_bounds__(128, 2)
   for (int p = 0; p < kPages; ++p)
 #pragma unroll
     for (int h = 0; h < 2; ++h) s[p][h][0] = s[p][h][1] = s[p][h][2] = s[p][h][3] = 0.0f;
+  // kQk 1: the lo terms' chain; kQk 2: one product's fresh accumulators.
+  float s_aux[kQk != 0 ? kPages : 1][2][4];
+  // kPvFresh: the P.V products of one tile (added to O once they are done).
+  float o_tile[kPvFresh ? kNT : 1][4];
   uint32_t pa_hi[kPages / 2][4], pa_lo[kPages / 2][4];  // P of the previous tile, per page pair
   int prev_tile = -1;
 
   auto issue_pv = [&]() {
     const uint32_t vbase = smem0 + (prev_tile & 1) * kFp8StageBytes + kPages * kFp8PageBytes;
+    auto& acc = Pick<kPvFresh>(o_tile, o);
 #pragma unroll
     for (int pp = 0; pp < kPages / 2; ++pp) {
       const uint32_t page = vbase + 2 * pp * kFp8PageBytes;
-      WgmmaE4m3AccN64<0>(o, pa_hi[pp], WithStart(v_desc, page));
-      WgmmaE4m3AccN64<8>(o, pa_hi[pp], WithStart(v_desc, page + 64 * 16));
-      WgmmaE4m3AccN64<0>(o, pa_lo[pp], WithStart(v_desc, page));
-      WgmmaE4m3AccN64<8>(o, pa_lo[pp], WithStart(v_desc, page + 64 * 16));
+      if (kPvFresh && pp == 0) {  // a fresh chain per tile
+        WgmmaE4m3AccN64<0, kNT, false>(acc, pa_hi[pp], WithStart(v_desc, page));
+        WgmmaE4m3AccN64<8, kNT, false>(acc, pa_hi[pp], WithStart(v_desc, page + 64 * 16));
+      } else {
+        WgmmaE4m3AccN64<0>(acc, pa_hi[pp], WithStart(v_desc, page));
+        WgmmaE4m3AccN64<8>(acc, pa_hi[pp], WithStart(v_desc, page + 64 * 16));
+      }
+      WgmmaE4m3AccN64<0>(acc, pa_lo[pp], WithStart(v_desc, page));
+      WgmmaE4m3AccN64<8>(acc, pa_lo[pp], WithStart(v_desc, page + 64 * 16));
     }
+  };
+  auto add_pv = [&]() {  // kPvFresh: O += the finished tile's P.V, in fp32
+    if constexpr (kPvFresh) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[n][i] += o_tile[n][i];
+    }
+  };
+  auto add_aux = [&](int h) {  // s[.][h] += s_aux[.][h], in fp32
+#pragma unroll
+    for (int p = 0; p < kPages; ++p)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[p][h][i] += s_aux[p][h][i];
   };
 
   auto tile_step = [&](int t, auto with_pv) {
     constexpr bool kWithPv = decltype(with_pv)::value;
     const uint32_t kbase = smem0 + (t & 1) * kFp8StageBytes;
     WgmmaFence();
+    if constexpr (kQk == 2) {
+      // The P.V first, then each product alone: issue, wait, add in fp32.
+      if constexpr (kWithPv) {
+        issue_pv();
+        WgmmaCommit();
+      }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // smem rows 8 h .. 8 h + 7 of every page's chunks
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int ks = 0; ks < kD / 32; ++ks) {
-        const uint64_t desc = WithStart(k_desc, kbase + h * 128 + ks * 512);
-        if (ks == 0)
-          WgmmaE4m3N32<false>(s[0][h], s[1][h], s[2][h], s[3][h], qhi[ks], desc);
-        else
-          WgmmaE4m3N32<true>(s[0][h], s[1][h], s[2][h], s[3][h], qhi[ks], desc);
-        WgmmaE4m3N32<true>(s[0][h], s[1][h], s[2][h], s[3][h], qlo[ks], desc);
+        for (int ks = 0; ks < kD / 32; ++ks)
+#pragma unroll
+          for (int term = 0; term < 2; ++term) {
+            const uint64_t desc = WithStart(k_desc, kbase + h * 128 + ks * 512);
+            WgmmaFence();
+            WgmmaE4m3N32<false>(s_aux[0][h], s_aux[1][h], s_aux[2][h], s_aux[3][h],
+                                term ? qlo[ks] : qhi[ks], desc);
+            WgmmaCommit();
+            WgmmaWaitAll();
+            if (ks == 0 && term == 0) {
+#pragma unroll
+              for (int p = 0; p < kPages; ++p)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) s[p][h][i] = s_aux[p][h][i];
+            } else {
+              add_aux(h);
+            }
+          }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // smem rows 8 h .. 8 h + 7 of every page's chunks
+#pragma unroll
+        for (int ks = 0; ks < kD / 32; ++ks) {
+          const uint64_t desc = WithStart(k_desc, kbase + h * 128 + ks * 512);
+          auto& lo = Pick<kQk == 1>(s_aux, s);
+          if (ks == 0) {
+            WgmmaE4m3N32<false>(s[0][h], s[1][h], s[2][h], s[3][h], qhi[ks], desc);
+            WgmmaE4m3N32<kQk != 1>(lo[0][h], lo[1][h], lo[2][h], lo[3][h], qlo[ks], desc);
+          } else {
+            WgmmaE4m3N32<true>(s[0][h], s[1][h], s[2][h], s[3][h], qhi[ks], desc);
+            WgmmaE4m3N32<true>(lo[0][h], lo[1][h], lo[2][h], lo[3][h], qlo[ks], desc);
+          }
+        }
+      }
+      if constexpr (kWithPv) issue_pv();
+      WgmmaCommit();
+      WgmmaWaitAll();
+      if constexpr (kQk == 1) {
+        add_aux(0);
+        add_aux(1);
       }
     }
-    if constexpr (kWithPv) issue_pv();
-    WgmmaCommit();
-    WgmmaWaitAll();
+    if constexpr (kWithPv) add_pv();
 
     RescaleRows(s, row_scale, m_run, l_run, o);
     const float (&mx)[2] = m_run;
@@ -887,8 +973,15 @@ __global__ void __launch_bounds__(128, 2)
   issue_pv();
   WgmmaCommit();
   WgmmaWaitAll();
+  add_pv();
   QuadSums(l_run);
   WriteRows(o, l_run, out + static_cast<size_t>(blockIdx.x) * kRows * kD, row0, tq);
+  if (tq == 0) {  // lse: the logits' units are log2, and l_run sums 256 P (the bias 8)
+    float* lse = out + static_cast<size_t>(gridDim.x) * kRows * kD + blockIdx.x * kRows;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      lse[row0 + 8 * r] = (m_run[r] + log2f(l_run[r]) - 8.0f) * 0.6931471805599453f;
+  }
 }
 
 // One set of pages and query rows, on the host and on the device.
@@ -965,8 +1058,9 @@ void FreeData(Data& x) {
   CUDA_OK(cudaFree(x.q_dev));
 }
 
+// The rows' outputs ([kRows][kD]), then their lse ([kRows], natural log).
 std::vector<double> Reference(const Data& x, int tiles, double scale) {
-  std::vector<double> out(kRows * kD, 0.0);
+  std::vector<double> out(kRows * kD + kRows, 0.0);
   for (int r = 0; r < kRows; ++r) {
     std::vector<double> logit(tiles * kTile);
     double mx = -INFINITY;
@@ -980,6 +1074,7 @@ std::vector<double> Reference(const Data& x, int tiles, double scale) {
       }
     double sum = 0.0;
     for (auto& l : logit) sum += (l = std::exp(l - mx));
+    out[kRows * kD + r] = mx + std::log(sum);
     for (int t = 0; t < tiles; ++t)
       for (int j = 0; j < kTile; ++j) {
         const int tok = (t % kStages) * kTile + j;
@@ -998,6 +1093,7 @@ struct Form {
   int smem;
   std::string name;
   bool fp8;
+  bool lse = false;  // writes its rows' lse after the outputs (the split forms)
 };
 template <int kWgs, bool kN32, int kFp8 = 0>
 Form TileForm() {
@@ -1006,10 +1102,13 @@ Form TileForm() {
               (kFp8 == 1 ? " fp8" : (kFp8 == 2 ? " fp8 ahead" : "")),
           kFp8 != 0};
 }
-template <bool kPermK>
+template <bool kPermK, int kQk = 0, bool kPvFresh = false>
 Form SplitForm() {
-  return {SplitLoop<kPermK>, 128, kSplitSmemBytes,
-          std::string("form 4") + (kPermK ? "" : "b") + " (fp8 products, split)", true};
+  return {SplitLoop<kPermK, kQk, kPvFresh>, 128, kSplitSmemBytes,
+          std::string("form 4") + (kPermK ? "" : "b") + " (fp8 products, split)" +
+              (kQk == 1 ? ", Q.K hi/lo chains" : (kQk == 2 ? ", Q.K fresh per product" : "")) +
+              (kPvFresh ? ", P.V fresh per tile" : ""),
+          true, true};
 }
 template <int kFp8>
 Form SwapForm() {
@@ -1032,19 +1131,29 @@ int CtasPerSm(const Form& f, int smem = -1) {
   return n;
 }
 
-bool Check(const Form& f, const Data& x, float* out, int tiles) {
+// The float64 result of a data set over `tiles` tiles, computed once.
+const std::vector<double>& CachedReference(const Data& x, int tiles, double scale) {
+  static std::map<std::pair<const Data*, int>, std::vector<double>> cache;
+  auto it = cache.find({&x, tiles});
+  if (it == cache.end()) it = cache.emplace(std::make_pair(&x, tiles), Reference(x, tiles, scale)).first;
+  return it->second;
+}
+
+// gate false: a measurement (the long chains' error), printed, not a pass/fail check.
+bool Check(const Form& f, const Data& x, float* out, int tiles, bool gate = true) {
   const double scale = 1.0 / std::sqrt(double(kD));
   const int items = 2;
-  CUDA_OK(cudaMemset(out, 0xFF, sizeof(float) * items * kRows * kD));  // NaN: unwritten outputs
+  // NaN: unwritten outputs (and lse).
+  CUDA_OK(cudaMemset(out, 0xFF, sizeof(float) * items * kRows * (kD + 1)));
   Launch(f, items, x, out, tiles, static_cast<float>(scale * 1.4426950408889634), -1);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<float> got(items * kRows * kD);
+  std::vector<float> got(items * kRows * (kD + 1));
   CUDA_OK(cudaMemcpy(got.data(), out, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
-  const std::vector<double> ref = Reference(x, tiles, scale);
-  double err2 = 0.0, ref2 = 0.0, max_err = 0.0;
+  const std::vector<double>& ref = CachedReference(x, tiles, scale);
+  double err2 = 0.0, ref2 = 0.0, max_err = 0.0, lse_err = 0.0;
   bool finite = true;
-  for (int it = 0; it < items; ++it)
+  for (int it = 0; it < items; ++it) {
     for (int i = 0; i < kRows * kD; ++i) {
       const double g = got[it * kRows * kD + i];
       finite = finite && std::isfinite(g);
@@ -1052,12 +1161,21 @@ bool Check(const Form& f, const Data& x, float* out, int tiles) {
       ref2 += ref[i] * ref[i];
       max_err = std::max(max_err, std::fabs(g - ref[i]));
     }
+    for (int r = 0; f.lse && r < kRows; ++r) {
+      const double g = got[items * kRows * kD + it * kRows + r];
+      finite = finite && std::isfinite(g);
+      lse_err = std::max(lse_err, std::fabs(g - ref[kRows * kD + r]));
+    }
+  }
   const double rel = std::sqrt(err2 / ref2);
   // bf16 (f16) P against float64 on the exact page values: the benchmark's bf16 bound, 1e-2.
   const bool ok = finite && rel < 1e-2;
-  std::printf("check %s, %d tiles: rel L2 err %.2e, max |err| %.2e: %s\n", f.name.c_str(), tiles,
-              rel, max_err, ok ? "ok" : "WRONG");
-  return ok;
+  char lse_text[48] = "";
+  if (f.lse) std::snprintf(lse_text, sizeof(lse_text), ", max |lse err| %.2e", lse_err);
+  std::printf("%s %s, %d tiles: rel L2 err %.2e, max |err| %.2e%s: %s\n", gate ? "check" : "chain",
+              f.name.c_str(), tiles, rel, max_err, lse_text,
+              gate ? (ok ? "ok" : "WRONG") : (ok ? "under 1e-2" : "over 1e-2"));
+  return ok || !gate;
 }
 
 double TimeUs(const Form& f, const Data& x, float* out, int items, int tiles, int smem = -1) {
@@ -1100,9 +1218,12 @@ int main() {
   const Form n16 = TileForm<1, false>(), pp16 = TileForm<2, false>(), n32 = TileForm<1, true>(),
              pp32 = TileForm<2, true>(), fp8_start = TileForm<1, true, 1>(),
              fp8_ahead = TileForm<1, true, 2>(), swap = SwapForm<0>(), swap8 = SwapForm<1>(),
-             split = SplitForm<true>(), split_gather = SplitForm<false>();
-  const Form* forms[] = {&n16,       &pp16, &n32,  &pp32,  &fp8_start,
-                         &fp8_ahead, &swap, &swap8, &split, &split_gather};
+             split = SplitForm<true>(), split_gather = SplitForm<false>(),
+             gather_chains = SplitForm<false, 1>(), gather_fresh = SplitForm<false, 2>(),
+             gather_pv = SplitForm<false, 0, true>(), gather_both = SplitForm<false, 1, true>();
+  const Form* forms[] = {&n16,       &pp16,         &n32,          &pp32,         &fp8_start,
+                         &fp8_ahead, &swap,         &swap8,        &split,        &split_gather,
+                         &gather_chains, &gather_fresh, &gather_pv, &gather_both};
   for (const Form* f : forms)
     CUDA_OK(cudaFuncSetAttribute(f->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  std::max(f->smem, kTwoPerSm)));
@@ -1110,11 +1231,17 @@ int main() {
   Data x8 = MakeData(4321u, true);
   float* out;
   const int items = 512, tiles = 64;  // 64 x 32 x 8 x 4096 at q_len 16: 512 (sequence, KV head) items
-  CUDA_OK(cudaMalloc(&out, sizeof(float) * items * kRows * kD));
+  CUDA_OK(cudaMalloc(&out, sizeof(float) * items * kRows * (kD + 1)));
 
   bool ok = true;
   for (int t : {1, 2, 5})
     for (const Form* f : forms) ok = Check(*f, f->fp8 ? x8 : x, out, t) && ok;
+  // The error over long chains (64 tiles: 4096 tokens, the timed rows' length; 512:
+  // 32768), measured, not gated: the fp8 products' accumulation against fp32's.
+  for (int t : {64, 512})
+    for (const Form* f : {&n32, &fp8_ahead, &split_gather, &gather_chains, &gather_fresh, &gather_pv,
+                          &gather_both})
+      Check(*f, f->fp8 ? x8 : x, out, t, false);
   const double gflop = 4.0 * kRows * kD * double(kTile) * tiles * items / 1e9;
   std::printf("work: %d items x %d tiles of %d tokens, %d rows, head %d: %.1f GFLOP\n", items, tiles,
               kTile, kRows, kD, gflop);
@@ -1136,6 +1263,10 @@ int main() {
   report("form 4 (e4m3 products, 16-bit operands split in two):", split);
   report("form 4, 100 KB of shared memory per CTA:", split, kTwoPerSm);
   report("form 4b (K as it is, P gathered by shuffles), 100 KB:", split_gather, kTwoPerSm);
+  report("form 4b, Q.K hi and lo terms in two chains, 100 KB:", gather_chains, kTwoPerSm);
+  report("form 4b, Q.K fresh per product (waits), 100 KB:", gather_fresh, kTwoPerSm);
+  report("form 4b, P.V fresh per tile, added in fp32, 100 KB:", gather_pv, kTwoPerSm);
+  report("form 4b, two Q.K chains and P.V fresh per tile, 100 KB:", gather_both, kTwoPerSm);
   std::printf("compare: the grouped kernel's arithmetic alone, same work (JAX_PAGED_PROBE_NO_LOADS,\n"
               "64,32,8,4096 --q-len 16, per-sample averages): mma.sync row split 263.7 us, the\n"
               "thirteenth session's wgmma form 288.6 us (twenty-fifth session), that form without its\n"

@@ -115,9 +115,6 @@ __device__ __forceinline__ void WgmmaN32(float (&d0)[4], float (&d1)[4], float (
 #undef JAX_PAGED_WG_DISPATCH_
 #undef JAX_PAGED_WG_N32_
 #undef JAX_PAGED_WG_N16_
-#undef JAX_PAGED_WG_TILE_
-#undef JAX_PAGED_WG_W_
-#undef JAX_PAGED_WG_RW_
 
 // o[N0 .. N0 + N/8) += a * B: 64 x N x 16 (N = 16, 32 or 64), B's N columns
 // from `desc` (K-major).
@@ -193,25 +190,36 @@ __device__ __forceinline__ void WgmmaE4m3N32(float (&d0)[4], float (&d1)[4], flo
   __trap();
 #endif
 }
-// o[N0 .. N0 + 8) += a * B, 64 columns of B from `desc`.
-template <int N0, int kNT>
+// o[N0 .. N0 + 8) += a * B, 64 columns of B from `desc` (kAccumulate false: = a * B,
+// the old values unused).
+#define JAX_PAGED_WG_N64_E4M3_(SCALE_D, C)                                                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "                       \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+               "{%32, %33, %34, %35}, %36, " SCALE_D ", 1, 1;"                               \
+               : JAX_PAGED_WG_TILE_(C, o[N0 + 0]), JAX_PAGED_WG_TILE_(C, o[N0 + 1]),          \
+                 JAX_PAGED_WG_TILE_(C, o[N0 + 2]), JAX_PAGED_WG_TILE_(C, o[N0 + 3]),          \
+                 JAX_PAGED_WG_TILE_(C, o[N0 + 4]), JAX_PAGED_WG_TILE_(C, o[N0 + 5]),          \
+                 JAX_PAGED_WG_TILE_(C, o[N0 + 6]), JAX_PAGED_WG_TILE_(C, o[N0 + 7])           \
+               : JAX_PAGED_WG_A4(a), "l"(desc))
+template <int N0, int kNT, bool kAccumulate = true>
 __device__ __forceinline__ void WgmmaE4m3AccN64(float (&o)[kNT][4], const uint32_t (&a)[4],
                                                 uint64_t desc) {
   static_assert(N0 + 8 <= kNT, "n-tiles");
 #if JAX_PAGED_WGMMA_DEVICE
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-               "{%32, %33, %34, %35}, %36, 1, 1, 1;"
-               : JAX_PAGED_WG_F4(o, N0 + 0), JAX_PAGED_WG_F4(o, N0 + 1), JAX_PAGED_WG_F4(o, N0 + 2),
-                 JAX_PAGED_WG_F4(o, N0 + 3), JAX_PAGED_WG_F4(o, N0 + 4), JAX_PAGED_WG_F4(o, N0 + 5),
-                 JAX_PAGED_WG_F4(o, N0 + 6), JAX_PAGED_WG_F4(o, N0 + 7)
-               : JAX_PAGED_WG_A4(a), "l"(desc));
+  if constexpr (kAccumulate)
+    JAX_PAGED_WG_N64_E4M3_("1", JAX_PAGED_WG_RW_);
+  else
+    JAX_PAGED_WG_N64_E4M3_("0", JAX_PAGED_WG_W_);
 #else
   __trap();
 #endif
 }
 
+#undef JAX_PAGED_WG_N64_E4M3_
+#undef JAX_PAGED_WG_TILE_
+#undef JAX_PAGED_WG_W_
+#undef JAX_PAGED_WG_RW_
 #undef JAX_PAGED_WG_F4
 #undef JAX_PAGED_WG_A4
 

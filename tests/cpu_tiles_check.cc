@@ -3,12 +3,14 @@
 // tests/test_cpu_tiles.py builds it with -DJAX_PAGED_CPU_NO_CLONES and each of
 // -march=x86-64 / x86-64-v3 / x86-64-v4 the machine can run, so that every
 // variant the library's function multi-versioning may pick is exercised.
+// Also the fp8 decoding tables (cpu_scalar.h) against the formats' definition.
 // Prints one line per check; exits 1 if any error is over its bound.
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
 
+#include "cpu/cpu_scalar.h"
 #include "cpu/cpu_tiles.h"
 
 using namespace jax_paged::cpu;
@@ -21,6 +23,32 @@ void Report(const char* what, double err, double bound) {
   const bool ok = err <= bound;  // false for NaN
   std::printf("%-40s max error %.3g (bound %.3g) %s\n", what, err, bound, ok ? "ok" : "FAILED");
   if (!ok) ++failures;
+}
+
+// Codes whose table value differs from the format's definition (sign, EXP
+// exponent bits with bias 2^(EXP-1) - 1, MAN mantissa bits; FN: e4m3fn, no
+// infinities, NaN only at the all-ones code; else IEEE-like). NaN must be NaN.
+template <int EXP, int MAN, bool FN>
+int Fp8TableMismatches() {
+  const int bias = (1 << (EXP - 1)) - 1, top = (1 << EXP) - 1;
+  int bad = 0;
+  for (int code = 0; code < 256; ++code) {
+    const int e = (code >> MAN) & top, m = code & ((1 << MAN) - 1);
+    double want;
+    if (FN ? (e == top && m == (1 << MAN) - 1) : (e == top && m != 0)) {
+      want = NAN;
+    } else if (!FN && e == top) {
+      want = INFINITY;
+    } else {
+      want = e == 0 ? std::ldexp(m, 1 - bias - MAN) : std::ldexp((1 << MAN) + m, e - bias - MAN);
+    }
+    if (code & 0x80) want = -want;
+    const float got = Fp8Format<EXP, MAN, FN>::kTable.v[code];
+    const bool same = std::isnan(want) ? std::isnan(got)
+                                       : (got == want && std::signbit(got) == std::signbit(want));
+    bad += same ? 0 : 1;
+  }
+  return bad;
 }
 
 }  // namespace
@@ -111,5 +139,8 @@ int main() {
   const bool special = ExpNonPositive(-INFINITY) == 0.0f && std::isnan(ExpNonPositive(NAN)) &&
                        ExpNonPositive(0.0f) == 1.0f && ExpNonPositive(-100.0f) == 0.0f;
   Report("ExpNonPositive(-inf, NaN, 0, -100)", special ? 0 : 1, 0);
+  // The fp8 decoding tables (built at compile time) against the formats' definition.
+  Report("fp8 e4m3 table: codes off (of 256)", Fp8TableMismatches<4, 3, true>(), 0);
+  Report("fp8 e5m2 table: codes off (of 256)", Fp8TableMismatches<5, 2, false>(), 0);
   return failures ? 1 : 0;
 }

@@ -43,4 +43,4 @@ def test_cpu_tiles_match_float64(arch, tmp_path):
                     "-o", str(exe)], check=True, capture_output=True, text=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" ok") == 25, run.stdout
+    assert run.stdout.count(" ok") == 27, run.stdout

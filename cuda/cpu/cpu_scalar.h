@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "../kernels/params.h"
 
@@ -66,19 +67,26 @@ struct Fp8Format {
   static constexpr uint8_t kMaxCode = FN ? 0x7E : 0x7B;
   static constexpr uint8_t kNaNCode = FN ? 0x7F : 0x7E;
 
-  static float Decode(uint8_t b) {
+  // 2^e, exactly, at compile time (std::ldexp is not constexpr in C++17).
+  static constexpr float PowerOfTwo(int e) {
+    float r = 1.0f;
+    for (; e > 0; --e) r *= 2.0f;
+    for (; e < 0; ++e) r *= 0.5f;
+    return r;
+  }
+  static constexpr float Decode(uint8_t b) {
     const bool neg = (b & 0x80u) != 0;
     const int e = (b >> MAN) & ((1 << EXP) - 1);
     const int m = b & ((1 << MAN) - 1);
-    float mag;
+    float mag = 0.0f;
     if (FN && e == (1 << EXP) - 1 && m == (1 << MAN) - 1) {
-      mag = NAN;
+      mag = std::numeric_limits<float>::quiet_NaN();
     } else if (!FN && e == (1 << EXP) - 1) {
-      mag = m ? NAN : INFINITY;
+      mag = m ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
     } else if (e == 0) {
-      mag = std::ldexp(static_cast<float>(m), 1 - kBias - MAN);
+      mag = static_cast<float>(m) * PowerOfTwo(1 - kBias - MAN);
     } else {
-      mag = std::ldexp(static_cast<float>((1 << MAN) + m), e - kBias - MAN);
+      mag = static_cast<float>((1 << MAN) + m) * PowerOfTwo(e - kBias - MAN);
     }
     return neg ? -mag : mag;
   }
@@ -101,20 +109,36 @@ struct Fp8Format {
     return sign | static_cast<uint8_t>(((ue + kBias - 1) << MAN) + static_cast<int>(q));
   }
 
-  // Decoding table (256 entries), built once.
-  static const float* Table() {
-    static const struct T {
-      float v[256];
-      T() { for (int i = 0; i < 256; ++i) v[i] = Decode(static_cast<uint8_t>(i)); }
-    } table;
-    return table.v;
+  // The decoding table (256 entries), computed at compile time: a lookup has no
+  // initialisation guard to test (a function-local static table's guard, tested
+  // at every element of the conversion loops, cost the CPU kernel's fp8 decode
+  // step about a third of its time; BENCHMARKS.md, thirty-eighth session).
+  struct Table256 {
+    float v[256];
+  };
+  static constexpr Table256 MakeTable() {
+    Table256 t{};
+    for (int i = 0; i < 256; ++i) t.v[i] = Decode(static_cast<uint8_t>(i));
+    return t;
   }
+  static constexpr Table256 kTable = MakeTable();
 };
 using Fp8E4M3 = Fp8Format<4, 3, true>;
 using Fp8E5M2 = Fp8Format<5, 2, false>;
+// The tables' ends, checked where they are built: the largest finite value, the
+// smallest subnormal, negative zero, and each format's non-finite codes.
+static_assert(Fp8E4M3::kTable.v[0x7E] == 448.0f && Fp8E4M3::kTable.v[0xFE] == -448.0f &&
+                  Fp8E4M3::kTable.v[0x01] == 0.001953125f && Fp8E4M3::kTable.v[0x08] == 0.015625f &&
+                  Fp8E4M3::kTable.v[0x80] == 0.0f && Fp8E4M3::kTable.v[0x7F] != Fp8E4M3::kTable.v[0x7F],
+              "e4m3 table");
+static_assert(Fp8E5M2::kTable.v[0x7B] == 57344.0f && Fp8E5M2::kTable.v[0x01] == 1.52587890625e-05f &&
+                  Fp8E5M2::kTable.v[0x7C] == std::numeric_limits<float>::infinity() &&
+                  Fp8E5M2::kTable.v[0xFC] == -std::numeric_limits<float>::infinity() &&
+                  Fp8E5M2::kTable.v[0x7E] != Fp8E5M2::kTable.v[0x7E],
+              "e5m2 table");
 
-inline float ToFloat(fp8e4m3_t v) { return Fp8E4M3::Table()[v.bits]; }
-inline float ToFloat(fp8e5m2_t v) { return Fp8E5M2::Table()[v.bits]; }
+inline float ToFloat(fp8e4m3_t v) { return Fp8E4M3::kTable.v[v.bits]; }
+inline float ToFloat(fp8e5m2_t v) { return Fp8E5M2::kTable.v[v.bits]; }
 template <> inline fp8e4m3_t FromFloat<fp8e4m3_t>(float f) { return fp8e4m3_t{Fp8E4M3::Encode(f)}; }
 template <> inline fp8e5m2_t FromFloat<fp8e5m2_t>(float f) { return fp8e5m2_t{Fp8E5M2::Encode(f)}; }
 

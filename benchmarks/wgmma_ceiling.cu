@@ -896,6 +896,10 @@ __global__ void __launch_bounds__(128, 2)
         WgmmaCommit();
       }
 #pragma unroll
+      for (int p = 0; p < kPages; ++p)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) s[p][h][0] = s[p][h][1] = s[p][h][2] = s[p][h][3] = 0.0f;
+#pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int ks = 0; ks < kD / 32; ++ks)
@@ -907,14 +911,7 @@ __global__ void __launch_bounds__(128, 2)
                                 term ? qlo[ks] : qhi[ks], desc);
             WgmmaCommit();
             WgmmaWaitAll();
-            if (ks == 0 && term == 0) {
-#pragma unroll
-              for (int p = 0; p < kPages; ++p)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) s[p][h][i] = s_aux[p][h][i];
-            } else {
-              add_aux(h);
-            }
+            add_aux(h);
           }
     } else {
 #pragma unroll

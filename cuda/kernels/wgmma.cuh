@@ -62,7 +62,6 @@ __device__ __forceinline__ void WgmmaWaitAll() {
 #endif
 }
 
-#define JAX_PAGED_WG_F4(a, i) "+f"(a[i][0]), "+f"(a[i][1]), "+f"(a[i][2]), "+f"(a[i][3])
 #define JAX_PAGED_WG_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
 // (d0, d1[, d2, d3]) (+)= a * B: 64 x 16 (or 32) x 16, B's columns from `desc`
 // (K-major), in n-tiles d0 (columns 0-7), d1, ... kAccumulate false: = a * B
@@ -70,6 +69,19 @@ __device__ __forceinline__ void WgmmaWaitAll() {
 #define JAX_PAGED_WG_RW_(x) "+f"(x)
 #define JAX_PAGED_WG_W_(x) "=f"(x)
 #define JAX_PAGED_WG_TILE_(C, d) C(d[0]), C(d[1]), C(d[2]), C(d[3])
+// o[N0 .. N0 + 8) (+)= a * B, one m64n64 product: SHAPE_TYPES its shape and operand
+// types ("k16.f32.bf16.bf16"), SCALE_D "1" (accumulate) or "0" (with C = W_), TAIL
+// the operands after the scale-d (16-bit: imm-scale-a, -b and tnspB; 8-bit: no tnspB).
+#define JAX_PAGED_WG_N64_(SHAPE_TYPES, SCALE_D, TAIL, C)                                     \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64" SHAPE_TYPES " "                         \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+               "{%32, %33, %34, %35}, %36, " SCALE_D TAIL ";"                                \
+               : JAX_PAGED_WG_TILE_(C, o[N0 + 0]), JAX_PAGED_WG_TILE_(C, o[N0 + 1]),          \
+                 JAX_PAGED_WG_TILE_(C, o[N0 + 2]), JAX_PAGED_WG_TILE_(C, o[N0 + 3]),          \
+                 JAX_PAGED_WG_TILE_(C, o[N0 + 4]), JAX_PAGED_WG_TILE_(C, o[N0 + 5]),          \
+                 JAX_PAGED_WG_TILE_(C, o[N0 + 6]), JAX_PAGED_WG_TILE_(C, o[N0 + 7])           \
+               : JAX_PAGED_WG_A4(a), "l"(desc))
 #define JAX_PAGED_WG_N16_(TYPES, C)                                                     \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                            \
                "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPES " "                  \
@@ -130,23 +142,11 @@ __device__ __forceinline__ void WgmmaAcc(float (&o)[kNT][4], const uint32_t (&a)
     WgmmaN32<T, true>(o[N0], o[N0 + 1], o[N0 + 2], o[N0 + 3], a, desc);
   } else {
     static_assert(N == 64, "N = 16, 32 or 64");
-#define JAX_PAGED_WG_N64_(TYPES)                                                              \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " "                        \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "      \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-               "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"                                    \
-               : JAX_PAGED_WG_F4(o, N0 + 0), JAX_PAGED_WG_F4(o, N0 + 1),                      \
-                 JAX_PAGED_WG_F4(o, N0 + 2), JAX_PAGED_WG_F4(o, N0 + 3),                      \
-                 JAX_PAGED_WG_F4(o, N0 + 4), JAX_PAGED_WG_F4(o, N0 + 5),                      \
-                 JAX_PAGED_WG_F4(o, N0 + 6), JAX_PAGED_WG_F4(o, N0 + 7)                       \
-               : JAX_PAGED_WG_A4(a), "l"(desc), "r"(1))
     if constexpr (kBf16) {
-      JAX_PAGED_WG_N64_("bf16.bf16");
+      JAX_PAGED_WG_N64_("k16.f32.bf16.bf16", "1", ", 1, 1, 0", JAX_PAGED_WG_RW_);
     } else {
-      JAX_PAGED_WG_N64_("f16.f16");
+      JAX_PAGED_WG_N64_("k16.f32.f16.f16", "1", ", 1, 1, 0", JAX_PAGED_WG_RW_);
     }
-#undef JAX_PAGED_WG_N64_
   }
 #else
   __trap();
@@ -192,35 +192,24 @@ __device__ __forceinline__ void WgmmaE4m3N32(float (&d0)[4], float (&d1)[4], flo
 }
 // o[N0 .. N0 + 8) += a * B, 64 columns of B from `desc` (kAccumulate false: = a * B,
 // the old values unused).
-#define JAX_PAGED_WG_N64_E4M3_(SCALE_D, C)                                                   \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "                       \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-               "{%32, %33, %34, %35}, %36, " SCALE_D ", 1, 1;"                               \
-               : JAX_PAGED_WG_TILE_(C, o[N0 + 0]), JAX_PAGED_WG_TILE_(C, o[N0 + 1]),          \
-                 JAX_PAGED_WG_TILE_(C, o[N0 + 2]), JAX_PAGED_WG_TILE_(C, o[N0 + 3]),          \
-                 JAX_PAGED_WG_TILE_(C, o[N0 + 4]), JAX_PAGED_WG_TILE_(C, o[N0 + 5]),          \
-                 JAX_PAGED_WG_TILE_(C, o[N0 + 6]), JAX_PAGED_WG_TILE_(C, o[N0 + 7])           \
-               : JAX_PAGED_WG_A4(a), "l"(desc))
 template <int N0, int kNT, bool kAccumulate = true>
 __device__ __forceinline__ void WgmmaE4m3AccN64(float (&o)[kNT][4], const uint32_t (&a)[4],
                                                 uint64_t desc) {
   static_assert(N0 + 8 <= kNT, "n-tiles");
 #if JAX_PAGED_WGMMA_DEVICE
   if constexpr (kAccumulate)
-    JAX_PAGED_WG_N64_E4M3_("1", JAX_PAGED_WG_RW_);
+    JAX_PAGED_WG_N64_("k32.f32.e4m3.e4m3", "1", ", 1, 1", JAX_PAGED_WG_RW_);
   else
-    JAX_PAGED_WG_N64_E4M3_("0", JAX_PAGED_WG_W_);
+    JAX_PAGED_WG_N64_("k32.f32.e4m3.e4m3", "0", ", 1, 1", JAX_PAGED_WG_W_);
 #else
   __trap();
 #endif
 }
 
-#undef JAX_PAGED_WG_N64_E4M3_
+#undef JAX_PAGED_WG_N64_
 #undef JAX_PAGED_WG_TILE_
 #undef JAX_PAGED_WG_W_
 #undef JAX_PAGED_WG_RW_
-#undef JAX_PAGED_WG_F4
 #undef JAX_PAGED_WG_A4
 
 }  // namespace grouped

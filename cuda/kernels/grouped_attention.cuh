@@ -2105,6 +2105,15 @@ inline bool Fp8WgmmaEnabled(int device) {
   static const bool enabled = EnvIs("JAX_PAGED_FP8_WGMMA", "1");
   return enabled && IsSm90(device);
 }
+// The longest partition (tokens per CTA) the fp8 wgmma form takes; longer ones run
+// the mma.sync row split. Its output accumulates every tile of a partition in the
+// e4m3 products' own accumulators, whose adds keep about 13 mantissa bits of the
+// running sum (an FP22 accumulator on Ada and Hopper, SageAttention2's measurement;
+// DeepSeek-V3's report; vLLM's FlashAttention fork flushes to fp32 for long contexts),
+// so its error grows with the partition: on the H200 the outputs' relative error was
+// 2.7e-3 at 1024 tokens and 4.5e-3 at 4096 (1.7e-3 without the form; thirty-seventh
+// session), and nothing longer was measured.
+constexpr int kFp8WgmmaMaxPartitionTokens = 4096;
 template <typename T, typename TC, int D>
 constexpr bool WgmmaFp8RowSplitAvailable() {
   return std::is_same_v<T, __nv_bfloat16> && std::is_same_v<TC, __nv_fp8_e4m3> &&
@@ -2255,13 +2264,22 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
 #ifdef JAX_PAGED_HAVE_WGMMA
   if constexpr (kRowBlocks == 4 && WgmmaFp8RowSplitAvailable<T, TC, D>()) {
     if (p.block_size == 16 && Fp8WgmmaEnabled(device)) {
-      // (Said once, so that a test or an A/B run can tell that the form ran.)
-      static std::atomic<bool> told{false};
-      if (!told.exchange(true))
-        std::fputs("jax_paged: JAX_PAGED_FP8_WGMMA=1: fp8 64-row CTAs on the wgmma form "
-                   "(development)\n",
-                   stderr);
-      return WgmmaFp8RowSplitInstance<D>();
+      if (p.partition_size <= kFp8WgmmaMaxPartitionTokens) {
+        // (Said once, so that a test or an A/B run can tell that the form ran.)
+        static std::atomic<bool> told{false};
+        if (!told.exchange(true))
+          std::fputs("jax_paged: JAX_PAGED_FP8_WGMMA=1: fp8 64-row CTAs on the wgmma form "
+                     "(development)\n",
+                     stderr);
+        return WgmmaFp8RowSplitInstance<D>();
+      }
+      static std::atomic<bool> told_long{false};
+      if (!told_long.exchange(true))
+        std::fprintf(stderr,
+                     "jax_paged: JAX_PAGED_FP8_WGMMA=1: partitions of %d tokens are longer than "
+                     "the fp8 wgmma form's %d (its output's error grows with the partition); "
+                     "running the mma.sync row split for them\n",
+                     p.partition_size, kFp8WgmmaMaxPartitionTokens);
     }
   }
   if constexpr (kRowBlocks == 4 && WgmmaRowSplitAvailable(sizeof(T), sizeof(TC), D)) {

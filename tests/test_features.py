@@ -1043,7 +1043,7 @@ def test_gpu_fp8_wgmma_form():
         proc.stdout[-3000:] + proc.stderr[-2000:])
     assert "JAX_PAGED_FP8_WGMMA=1: fp8 64-row CTAs on the wgmma form" in proc.stderr, (
         "the wgmma form did not run: " + proc.stderr[-2000:])
-    assert "partitions of 4112 tokens are longer than the fp8 wgmma form's 4096" in proc.stderr, (
+    assert "partitions of 2064 tokens are longer than the fp8 wgmma form's 2048" in proc.stderr, (
         "no notice of the partition limit: " + proc.stderr[-2000:])
 
 
@@ -1052,26 +1052,26 @@ def test_gpu_fp8_row_split_partition_limit(monkeypatch):
     """The fp8 wgmma form's partition limit (development, JAX_PAGED_FP8_WGMMA=1; run
     under it by test_gpu_fp8_wgmma_form, and as a plain row-split case without it):
     its output accumulates a partition's tiles in the e4m3 products' accumulators, whose
-    error grows with the partition, so partitions longer than 4096 tokens run the
+    error grows with the partition, so partitions longer than 2048 tokens run the
     mma.sync row split. bf16 queries on an e4m3 cache, head 128, 16-token pages,
-    q_len 16 (64 rows per KV head), lengths around 4096; the partition rule patched to
-    4096 tokens (the form, two partitions for the longer sequences: the V2 reduce) and
-    to the table's 4112 (one partition: the mma.sync row split, its lse held to the
+    q_len 16 (64 rows per KV head), lengths around 2048; the partition rule patched to
+    2048 tokens (the form, two partitions for the longer sequences: the V2 reduce) and
+    to the table's 2064 (one partition: the mma.sync row split, its lse held to the
     default 2e-5 whether or not the option is set)."""
-    rng = np.random.default_rng(4096)
-    inp = make_inputs(rng, [0, 1, 4095, 4096, 4097, 4112], 32, 8, 128, 16,
+    rng = np.random.default_rng(2048)
+    inp = make_inputs(rng, [0, 1, 2047, 2048, 2049, 2064], 32, 8, 128, 16,
                       jnp.float8_e4m3fn, query_dtype=jnp.bfloat16, q_len=16)
     capacity = inp.block_tables.shape[1] * 16
-    assert capacity == 4112
+    assert capacity == 2064
     scales = dict(k_scale=np.float32(0.9), v_scale=np.float32(1.1))
     # (partition_size only keys the calls apart: the grouped kernel takes the rule's size.)
-    for size in (4096, capacity):
+    for size in (2048, capacity):
         monkeypatch.setattr(primitives, "grouped_partition_size", lambda *a, _s=size, **kw: _s)
         got, lse = attend_on_poisoned_memory("gpu", inp, "grouped", return_lse=True,
                                              partition_size=size, **scales)
         want, want_lse = reference_on_cpu(reference.paged_attention, *inp.args(), impl="v1",
                                           return_lse=True, **scales)
-        tol = lse_tolerance(inp) if size <= 4096 else 2e-5
+        tol = lse_tolerance(inp) if size <= 2048 else 2e-5
         np.testing.assert_allclose(np.asarray(lse), want_lse, atol=tol, rtol=tol,
                                    err_msg=f"lse, {size}-token partitions")
         assert_close(got, want, inp.query.dtype, f"{size}-token partitions")

@@ -1043,8 +1043,14 @@ def test_gpu_fp8_wgmma_form():
         proc.stdout[-3000:] + proc.stderr[-2000:])
     assert "JAX_PAGED_FP8_WGMMA=1: fp8 64-row CTAs on the wgmma form" in proc.stderr, (
         "the wgmma form did not run: " + proc.stderr[-2000:])
-    assert "partitions of 2064 tokens are longer than the fp8 wgmma form's 2048" in proc.stderr, (
-        "no notice of the partition limit: " + proc.stderr[-2000:])
+    limit = _FP8_WGMMA_MAX_PARTITION
+    assert (f"partitions of {limit + 16} tokens are longer than the fp8 wgmma form's {limit}"
+            in proc.stderr), "no notice of the partition limit: " + proc.stderr[-2000:]
+
+
+# The fp8 wgmma form's longest partition (kFp8WgmmaMaxPartitionTokens in
+# cuda/kernels/grouped_attention.cuh).
+_FP8_WGMMA_MAX_PARTITION = 2048
 
 
 @requires_gpu
@@ -1058,20 +1064,21 @@ def test_gpu_fp8_row_split_partition_limit(monkeypatch):
     2048 tokens (the form, two partitions for the longer sequences: the V2 reduce) and
     to the table's 2064 (one partition: the mma.sync row split, its lse held to the
     default 2e-5 whether or not the option is set)."""
-    rng = np.random.default_rng(2048)
-    inp = make_inputs(rng, [0, 1, 2047, 2048, 2049, 2064], 32, 8, 128, 16,
+    limit = _FP8_WGMMA_MAX_PARTITION
+    rng = np.random.default_rng(limit)
+    inp = make_inputs(rng, [0, 1, limit - 1, limit, limit + 1, limit + 16], 32, 8, 128, 16,
                       jnp.float8_e4m3fn, query_dtype=jnp.bfloat16, q_len=16)
     capacity = inp.block_tables.shape[1] * 16
-    assert capacity == 2064
+    assert capacity == limit + 16
     scales = dict(k_scale=np.float32(0.9), v_scale=np.float32(1.1))
+    want, want_lse = reference_on_cpu(reference.paged_attention, *inp.args(), impl="v1",
+                                      return_lse=True, **scales)
     # (partition_size only keys the calls apart: the grouped kernel takes the rule's size.)
-    for size in (2048, capacity):
+    for size in (limit, capacity):
         monkeypatch.setattr(primitives, "grouped_partition_size", lambda *a, _s=size, **kw: _s)
         got, lse = attend_on_poisoned_memory("gpu", inp, "grouped", return_lse=True,
                                              partition_size=size, **scales)
-        want, want_lse = reference_on_cpu(reference.paged_attention, *inp.args(), impl="v1",
-                                          return_lse=True, **scales)
-        tol = lse_tolerance(inp) if size <= 2048 else 2e-5
+        tol = lse_tolerance(inp) if size <= limit else 2e-5
         np.testing.assert_allclose(np.asarray(lse), want_lse, atol=tol, rtol=tol,
                                    err_msg=f"lse, {size}-token partitions")
         assert_close(got, want, inp.query.dtype, f"{size}-token partitions")

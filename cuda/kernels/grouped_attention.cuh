@@ -156,7 +156,7 @@ __device__ __forceinline__ void TensorCopy2dG2S(uint32_t dst, const CUtensorMap*
       : "memory");
 }
 // A KV head's CTA pair in one cluster (development, JAX_PAGED_CLUSTER_CHUNKS=2; see
-// ClusterChunks): every thread of both CTAs waits for every other (release / acquire).
+// ClusterPair): every thread of both CTAs waits for every other (release / acquire).
 __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
                    : "memory");
@@ -585,7 +585,7 @@ __global__ void __launch_bounds__(
   const int rows = min(rows_per_cta, q_len * group - row0);         // rows here
   if (rows <= 0) return;
   // A KV head's two CTAs as one cluster (development, JAX_PAGED_CLUSTER_CHUNKS=2; the
-  // 16-bit wgmma form, no window: ClusterChunks): each CTA copies half of every tile's
+  // 16-bit wgmma form, no window: ClusterPair): each CTA copies half of every tile's
   // pages into the stages of both (multicast), so both read the same blocks, those
   // of the union of the pair's rows' ranges (each row still masks its own range).
   const bool pair = kWgmma && !kFp8 && cluster_pair;

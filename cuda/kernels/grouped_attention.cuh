@@ -155,59 +155,6 @@ __device__ __forceinline__ void TensorCopy2dG2S(uint32_t dst, const CUtensorMap*
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
-// A KV head's CTA pair in one cluster (development, JAX_PAGED_CLUSTER_CHUNKS=2; see
-// ClusterPair): every thread of both CTAs waits for every other (release / acquire).
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
-}
-__device__ __forceinline__ uint32_t ClusterCtaRank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-// The address of `addr` (this CTA's shared memory) in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t MapShared(uint32_t addr, uint32_t rank) {
-  uint32_t mapped;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(mapped) : "r"(addr), "r"(rank));
-  return mapped;
-}
-// One arrival on an mbarrier of another CTA of the cluster (a MapShared address).
-__device__ __forceinline__ void MbarArriveCluster(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar)
-               : "memory");
-}
-// MbarWait for arrivals from other CTAs of the cluster (acquire at cluster scope).
-__device__ __forceinline__ void MbarWaitCluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-// BulkCopyG2S / TensorCopy2dG2S into the same offset of every CTA of `cta_mask`,
-// each completing on its own mbarrier at `bar`'s offset.
-__device__ __forceinline__ void BulkCopyG2SMulticast(uint32_t dst, const void* src, uint32_t bytes,
-                                                     uint32_t bar, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-__device__ __forceinline__ void TensorCopy2dG2SMulticast(uint32_t dst, const CUtensorMap* map, int x,
-                                                         int y, uint32_t bar, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
 #endif  // JAX_PAGED_GROUPED_SM90
 
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
@@ -532,8 +479,7 @@ __global__ void __launch_bounds__(
                              kRowBlocks>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
-                           const bool direct_out, const bool cluster_pair,
-                           const __grid_constant__ CUtensorMap v_map) {
+                           const bool direct_out, const __grid_constant__ CUtensorMap v_map) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
@@ -584,11 +530,6 @@ __global__ void __launch_bounds__(
   const int row0 = chunk * rows_per_cta;                            // first row (of q_len * group)
   const int rows = min(rows_per_cta, q_len * group - row0);         // rows here
   if (rows <= 0) return;
-  // A KV head's two CTAs as one cluster (development, JAX_PAGED_CLUSTER_CHUNKS=2; the
-  // 16-bit wgmma form, no window: ClusterPair): each CTA copies half of every tile's
-  // pages into the stages of both (multicast), so both read the same blocks, those
-  // of the union of the pair's rows' ranges (each row still masks its own range).
-  const bool pair = kWgmma && !kFp8 && cluster_pair;
   // Workspace / out / lse row of local row r: ((seq, qi), head).
   // (A plain decode step has q_len == 1, so qi == 0: no run-time division in
   // the query staging and output loops.)
@@ -622,10 +563,8 @@ __global__ void __launch_bounds__(
   const int L = EffectiveSeqLen(p.seq_lens[seq], p.max_blocks_per_seq, BS);
   const int P = p.max_num_partitions;
   // Union of the rows' ranges: qi grows with the row, and so do start and end.
-  const int range_row0 = pair ? 0 : row0;
-  const int range_row1 = pair ? q_len * group - 1 : row0 + rows - 1;
-  const TokenRange first_range = QueryRowRange(L, q_len, range_row0 / group, p.sliding_window);
-  const TokenRange last_range = QueryRowRange(L, q_len, range_row1 / group, p.sliding_window);
+  const TokenRange first_range = QueryRowRange(L, q_len, row0 / group, p.sliding_window);
+  const TokenRange last_range = QueryRowRange(L, q_len, (row0 + rows - 1) / group, p.sliding_window);
   // A grid of fewer partitions than the workspace's (a window, GroupedGridPartitions)
   // counts from the partition of the rows' first token; one past the table has none.
   const int part = static_cast<int>(blockIdx.z) +
@@ -673,21 +612,15 @@ __global__ void __launch_bounds__(
   uint32_t* release_count_s = reinterpret_cast<uint32_t*>(smem + C::kCountOff);
   int32_t* refill_table_s = reinterpret_cast<int32_t*>(smem + C::kTableOff);
 
-  // Cluster pair: [kStages] mbarriers "the peer's stage is free" (one arrival, the
-  // peer's), each completing once per refill of its stage.
-  const uint32_t peer_bar0 = SmemAddr(smem + C::kPeerBarOff);
-  const uint32_t pair_rank = pair ? ClusterCtaRank() : 0u;
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       MbarInit(bar0 + 8 * s, 1);
-      if (pair) MbarInit(peer_bar0 + 8 * s, 1);
       release_count_s[s] = 0u;
     }
     FenceMbarInit();
   }
   __syncthreads();
-  if (pair) ClusterSync();  // both CTAs' barriers initialized before either copies
 
   // ---- producer (warp 0 for the first stages, then the warp that releases a
   // stage last; lane i < ppt copies page i of a tile) ---------------------------
@@ -723,16 +656,7 @@ __global__ void __launch_bounds__(
       MbarArriveExpectTx(bar, static_cast<uint32_t>(__popc(pages)) * 2u * page_bytes);
     }
     __syncwarp();
-    if (pair) {  // (the wgmma form of 16-bit caches: V by tensor copies)
-      if (ok && (lane & 1) == static_cast<int>(pair_rank)) {
-        const int64_t src = phys * kv_block_stride + kv_head_off;
-        const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes +
-                             static_cast<uint32_t>(lane) * page_bytes;
-        BulkCopyG2SMulticast(dst, key_cache + src, page_bytes, bar, 0x3);
-        const int v_row = static_cast<int>((phys * p.num_kv_heads + kv_head) * D);
-        TensorCopy2dG2SMulticast(dst + C::kTileElems * sizeof(TC), &v_map, 0, v_row, bar, 0x3);
-      }
-    } else if (ok) {
+    if (ok) {
       const int64_t src = phys * kv_block_stride + kv_head_off;
       const uint32_t dst = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes +
                            static_cast<uint32_t>(lane) * page_bytes;
@@ -1939,12 +1863,6 @@ __global__ void __launch_bounds__(
       }
     }
     if (refill && k + kStages < ntiles) {
-      if (pair) {
-        // This CTA is done with the stage: tell the peer, and wait until the peer is
-        // too, since each of them copies into both.
-        if (lane == 0) MbarArriveCluster(MapShared(peer_bar0 + 8 * stage, pair_rank ^ 1u));
-        MbarWaitCluster(peer_bar0 + 8 * stage, phase);
-      }
       issue(k + kStages, stage,
             lane < C::kMaxTilePages ? refill_table_s[stage * C::kMaxTilePages + lane] : -1);
       if (k + 2 * kStages < ntiles) {
@@ -1957,9 +1875,6 @@ __global__ void __launch_bounds__(
       phase ^= 1u;
     }
   }
-  // Cluster pair: every tile of both CTAs consumed, so nothing of the peer's is still
-  // to arrive here, before either goes on to exit.
-  if (pair) ClusterSync();
 
 #ifdef JAX_PAGED_TRACE
   t_loop_end = GlobalTimerNs();
@@ -2150,12 +2065,11 @@ __global__ void __launch_bounds__(
 // One instantiation of the kernel with its own once-per-device flags (shared
 // memory limit raised, carveout hint set), its shared memory and rows per CTA.
 struct GroupedInstance {
-  void (*kernel)(PagedAttentionParams, int, int, int, bool, bool, CUtensorMap);
+  void (*kernel)(PagedAttentionParams, int, int, int, bool, CUtensorMap);
   std::atomic<bool>* smem_configured;  // [kMaxDevices]
   std::atomic<bool>* carveout_set;     // [kMaxDevices]
   size_t smem_bytes;                   // GroupedConfig::kSmemBytes
   int max_rows;                        // GroupedConfig::kRows
-  bool can_pair;                       // the 16-bit wgmma form (a cluster pair's kernel)
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
@@ -2164,8 +2078,7 @@ GroupedInstance GroupedInstanceOf() {
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows>,
-          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
-          kWgmma && !C::kFp8};
+          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
 }
 
 // Whether the 64-row CTAs run their wgmma form: on compute capability 9.0, the
@@ -2423,28 +2336,20 @@ constexpr bool kProbeNoReduce = true;  // timing probe (development, wrong resul
 constexpr bool kProbeNoReduce = false;
 #endif
 
-// Development switch (JAX_PAGED_CLUSTER_CHUNKS, read once; fortieth session) for
-// KV heads whose query rows take several CTAs (group_chunks: q_len 16 with 8 query
-// heads per KV head takes two 64-row CTAs, each reading every page of the KV head):
-// 1: each KV head's CTAs launched as one cluster, so that they are resident at the
-//    same time and a page one of them brings into L2 is still there when the others
-//    read it; the kernel runs as without (group_chunks 2, 4 or 8);
-// 2: also, for the 16-bit wgmma form's two CTAs (128 rows) without a sliding window,
-//    the pair shares its pages: each CTA copies half of every tile into both CTAs'
-//    stages (multicast), so each page crosses from L2 once (cluster_pair).
-// On sm_90+ where such clusters of `g` fit (else said once on stderr).
-struct ClusterMode {
-  unsigned cluster_x = 1;  // 1: a plain launch
-  bool pair = false;
-};
-inline ClusterMode ClusterChunks(const GroupedInstance& g, const PagedAttentionParams& p,
-                                 int group_chunks, const LaunchShape& shape, int device) {
-  static const int mode = EnvIs("JAX_PAGED_CLUSTER_CHUNKS", "2")   ? 2
-                          : EnvIs("JAX_PAGED_CLUSTER_CHUNKS", "1") ? 1
-                                                                   : 0;
-  if (mode == 0 || ComputeCapabilityMajor(device) < 9 ||
+// Development switch (JAX_PAGED_CLUSTER_CHUNKS=1, read once; fortieth session):
+// when a KV head's query rows take several CTAs (group_chunks: q_len 16 with 8
+// query heads per KV head takes two 64-row CTAs, each reading every page of the
+// KV head), launch each KV head's CTAs as one cluster, so that they are resident
+// at the same time and a page one of them brings into L2 is still there when the
+// others read it. The kernel is the same; only its scheduling changes. Returns
+// the cluster size (1: a plain launch): group_chunks when it is 2, 4 or 8, the
+// device is sm_90+ and such clusters of `g` fit (else said once on stderr).
+inline unsigned ClusterChunks(const GroupedInstance& g, int group_chunks, const LaunchShape& shape,
+                              int device) {
+  static const bool enabled = EnvIs("JAX_PAGED_CLUSTER_CHUNKS", "1");
+  if (!enabled || ComputeCapabilityMajor(device) < 9 ||
       (group_chunks != 2 && group_chunks != 4 && group_chunks != 8))
-    return {};
+    return 1u;
   LaunchShape clustered = shape;
   clustered.cluster_x = static_cast<unsigned>(group_chunks);
   cudaLaunchAttribute attr[2];
@@ -2456,18 +2361,18 @@ inline ClusterMode ClusterChunks(const GroupedInstance& g, const PagedAttentionP
     static std::atomic<bool> told{false};
     if (!told.exchange(true))
       std::fprintf(stderr,
-                   "jax_paged: JAX_PAGED_CLUSTER_CHUNKS=%d, but clusters of %d CTAs of this "
+                   "jax_paged: JAX_PAGED_CLUSTER_CHUNKS=1, but clusters of %d CTAs of this "
                    "kernel do not fit on the device; launching without clusters\n",
-                   mode, group_chunks);
-    return {};
+                   group_chunks);
+    return 1u;
   }
-  const bool pair = mode == 2 && group_chunks == 2 && g.can_pair && p.sliding_window <= 0;
-  static std::atomic<bool> ran[2] = {};
-  if (!ran[pair].exchange(true))
-    std::fprintf(stderr, "jax_paged: JAX_PAGED_CLUSTER_CHUNKS=%d: a KV head's %d CTAs launched as "
-                 "one cluster%s\n",
-                 mode, group_chunks, pair ? ", sharing each page (multicast copies)" : "");
-  return {clustered.cluster_x, pair};
+  static std::atomic<bool> ran{false};
+  if (!ran.exchange(true))
+    std::fprintf(stderr,
+                 "jax_paged: JAX_PAGED_CLUSTER_CHUNKS=1: a KV head's %d CTAs launched as one "
+                 "cluster\n",
+                 group_chunks);
+  return clustered.cluster_x;
 }
 
 template <typename T, typename TC, int HEAD_SIZE>
@@ -2488,10 +2393,9 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
     shape.block = dim3(kThreads);
     shape.smem_bytes = g.smem_bytes;
     shape.stream = stream;
-    const ClusterMode cluster = ClusterChunks(g, p, group_chunks, shape, device);
-    shape.cluster_x = cluster.cluster_x;
+    shape.cluster_x = ClusterChunks(g, group_chunks, shape, device);
     if (cudaError_t err = LaunchKernel(g.kernel, shape, p, base, group_chunks, rows_per_cta,
-                                       direct_out, cluster.pair, v_map);
+                                       direct_out, v_map);
         err != cudaSuccess)
       return err;
     if (!direct_out && !kProbeNoReduce) {

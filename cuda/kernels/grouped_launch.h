@@ -170,11 +170,7 @@ struct GroupedConfig {
   static constexpr int kBarOff = RoundUp(kMaskOff + kStages * 4, 8);
   static constexpr int kCountOff = kBarOff + kStages * 8;
   static constexpr int kTableOff = kCountOff + kStages * 4;
-  // The row split's [kStages] mbarriers "the peer's stage is free" (a cluster pair,
-  // development: JAX_PAGED_CLUSTER_CHUNKS=2).
-  static constexpr int kPeerBarOff = RoundUp(kTableOff + kStages * kMaxTilePages * 4, 8);
-  static constexpr int kSmemBytes =
-      kRowSplit ? kPeerBarOff + kStages * 8 : kTableOff + kStages * kMaxTilePages * 4;
+  static constexpr int kSmemBytes = kTableOff + kStages * kMaxTilePages * 4;
   // The final cross-slice combine reuses the stage buffers:
   // [kMergeSlices][kRows][kObufStride] float. Rows of D floats would put the
   // eight rows of a warp's float2 stores in the same banks when D % 32 == 0

@@ -1048,28 +1048,6 @@ def test_gpu_fp8_wgmma_form():
             in proc.stderr), "no notice of the partition limit: " + proc.stderr[-2000:]
 
 
-@requires_gpu
-def test_gpu_cluster_chunks():
-    """A KV head's CTAs launched as one cluster (development, JAX_PAGED_CLUSTER_CHUNKS=1,
-    read once per process, so in a pytest run of its own; only the scheduling changes):
-    the GPU cases whose KV heads take 2 CTAs (decode steps with 17-32 query heads per
-    KV head in 16-row CTAs; 68, 80 and 128 rows at q_len 16-17 in 64-row CTAs, group 8
-    among them) give the same results as without it, and the launcher says once on
-    stderr that clusters ran."""
-    files = [os.path.join(os.path.dirname(__file__), f)
-             for f in ("test_features.py", "test_paged_attention.py")]
-    expr = ("gpu and (many_query_rows_per_kv_head or uneven_rows_with_alibi or gqa_mqa) "
-            "and not cluster")
-    env = dict(os.environ, JAX_PAGED_CLUSTER_CHUNKS="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                           "-k", expr, *files],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and " passed" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-2000:])
-    assert "JAX_PAGED_CLUSTER_CHUNKS=1: a KV head's 2 CTAs launched as one cluster" in (
-        proc.stderr), "no cluster launch: " + proc.stderr[-2000:]
-
-
 # The fp8 wgmma form's longest partition (kFp8WgmmaMaxPartitionTokens in
 # cuda/kernels/grouped_attention.cuh).
 _FP8_WGMMA_MAX_PARTITION = 2048

@@ -2336,45 +2336,6 @@ constexpr bool kProbeNoReduce = true;  // timing probe (development, wrong resul
 constexpr bool kProbeNoReduce = false;
 #endif
 
-// Development switch (JAX_PAGED_CLUSTER_CHUNKS=1, read once; fortieth session):
-// when a KV head's query rows take several CTAs (group_chunks: q_len 16 with 8
-// query heads per KV head takes two 64-row CTAs, each reading every page of the
-// KV head), launch each KV head's CTAs as one cluster, so that they are resident
-// at the same time and a page one of them brings into L2 is still there when the
-// others read it. The kernel is the same; only its scheduling changes. Returns
-// the cluster size (1: a plain launch): group_chunks when it is 2, 4 or 8, the
-// device is sm_90+ and such clusters of `g` fit (else said once on stderr).
-inline unsigned ClusterChunks(const GroupedInstance& g, int group_chunks, const LaunchShape& shape,
-                              int device) {
-  static const bool enabled = EnvIs("JAX_PAGED_CLUSTER_CHUNKS", "1");
-  if (!enabled || ComputeCapabilityMajor(device) < 9 ||
-      (group_chunks != 2 && group_chunks != 4 && group_chunks != 8))
-    return 1u;
-  LaunchShape clustered = shape;
-  clustered.cluster_x = static_cast<unsigned>(group_chunks);
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t config = LaunchConfigOf(clustered, attr);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, g.kernel, &config) != cudaSuccess ||
-      clusters < 1) {
-    (void)cudaGetLastError();  // clear the non-sticky error
-    static std::atomic<bool> told{false};
-    if (!told.exchange(true))
-      std::fprintf(stderr,
-                   "jax_paged: JAX_PAGED_CLUSTER_CHUNKS=1, but clusters of %d CTAs of this "
-                   "kernel do not fit on the device; launching without clusters\n",
-                   group_chunks);
-    return 1u;
-  }
-  static std::atomic<bool> ran{false};
-  if (!ran.exchange(true))
-    std::fprintf(stderr,
-                 "jax_paged: JAX_PAGED_CLUSTER_CHUNKS=1: a KV head's %d CTAs launched as one "
-                 "cluster\n",
-                 group_chunks);
-  return clustered.cluster_x;
-}
-
 template <typename T, typename TC, int HEAD_SIZE>
 cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
                                    cudaStream_t stream) {
@@ -2388,16 +2349,8 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const bool pdl = UseProgrammaticLaunch(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    LaunchShape shape;
-    shape.grid = dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p));
-    shape.block = dim3(kThreads);
-    shape.smem_bytes = g.smem_bytes;
-    shape.stream = stream;
-    shape.cluster_x = ClusterChunks(g, group_chunks, shape, device);
-    if (cudaError_t err = LaunchKernel(g.kernel, shape, p, base, group_chunks, rows_per_cta,
-                                       direct_out, v_map);
-        err != cudaSuccess)
-      return err;
+    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), kThreads,
+             g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out, v_map);
     if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;

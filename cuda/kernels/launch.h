@@ -106,47 +106,21 @@ inline bool UseProgrammaticLaunch(int device) {
   return enabled && ComputeCapabilityMajor(device) >= 9;
 }
 
-// The launch of a kernel: its grid, block, dynamic shared memory and stream, as
-// a programmatic dependent launch when `pdl`, in clusters of `cluster_x` CTAs
-// along x when > 1 (sm_90+; gridDim.x must be a multiple of it).
-struct LaunchShape {
-  dim3 grid;
-  dim3 block;
-  size_t smem_bytes = 0;
-  cudaStream_t stream = nullptr;
-  bool pdl = false;
-  unsigned cluster_x = 1;
-};
-
-// The cudaLaunchConfig_t of `shape`; `attr` ([2]) holds its attributes.
-inline cudaLaunchConfig_t LaunchConfigOf(const LaunchShape& shape, cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = shape.grid;
-  config.blockDim = shape.block;
-  config.dynamicSmemBytes = shape.smem_bytes;
-  config.stream = shape.stream;
-  unsigned n = 0;
-  if (shape.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (shape.cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = shape.cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
-  config.attrs = n > 0 ? attr : nullptr;
-  config.numAttrs = n;
-  return config;
-}
-
-// Launches kernel<<<grid, block, smem_bytes, stream>>>(args...) as `shape` says.
-// Returns the launch status.
+// Launches kernel<<<grid, block, smem_bytes, stream>>>(args...), as a
+// programmatic dependent launch when `pdl`. Returns the launch status.
 template <typename... Params, typename... Args>
-cudaError_t LaunchKernel(void (*kernel)(Params...), const LaunchShape& shape, Args&&... args) {
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t config = LaunchConfigOf(shape, attr);
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                         cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl ? attr : nullptr;
+  config.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

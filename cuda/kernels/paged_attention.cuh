@@ -479,12 +479,7 @@ cudaError_t LaunchReduce(const PagedAttentionParams& p, int seq_base, int n, boo
                                      : PagedAttentionReduceKernel<T, 1, 40>)
                         : (few_parts ? PagedAttentionReduceKernel<T, kMaxReduceRows, 8>
                                      : PagedAttentionReduceKernel<T, kMaxReduceRows, 16>);
-  LaunchShape shape;
-  shape.grid = grid;
-  shape.block = dim3(kAttnThreads);
-  shape.stream = stream;
-  shape.pdl = pdl;
-  return LaunchKernel(kernel, shape, p, seq_base);
+  return LaunchKernel(kernel, grid, dim3(kAttnThreads), 0, stream, pdl, p, seq_base);
 }
 
 // Raises the kernel's dynamic shared-memory limit to the device's opt-in

@@ -1022,6 +1022,11 @@ def test_gpu_row_split_mma_sync_form():
     assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, proc.stdout[-3000:]
 
 
+# The fp8 wgmma form's longest partition (kFp8WgmmaMaxPartitionTokens in
+# cuda/kernels/grouped_attention.cuh).
+_FP8_WGMMA_MAX_PARTITION = 2048
+
+
 @requires_gpu
 def test_gpu_fp8_wgmma_form():
     """The fp8 64-row CTAs' wgmma form (development, JAX_PAGED_FP8_WGMMA=1, read once
@@ -1046,11 +1051,6 @@ def test_gpu_fp8_wgmma_form():
     limit = _FP8_WGMMA_MAX_PARTITION
     assert (f"partitions of {limit + 16} tokens are longer than the fp8 wgmma form's {limit}"
             in proc.stderr), "no notice of the partition limit: " + proc.stderr[-2000:]
-
-
-# The fp8 wgmma form's longest partition (kFp8WgmmaMaxPartitionTokens in
-# cuda/kernels/grouped_attention.cuh).
-_FP8_WGMMA_MAX_PARTITION = 2048
 
 
 @requires_gpu

@@ -1127,6 +1127,59 @@ def test_gpu_row_split_many_items(head_size, block_size, cache_dtype, monkeypatc
 
 
 @requires_gpu
+@pytest.mark.parametrize("head_size,block_size,dtype", [
+    (128, 16, jnp.bfloat16), (128, 8, jnp.float16), (128, 32, jnp.bfloat16),
+    (96, 16, jnp.float16), (80, 32, jnp.bfloat16), (112, 8, jnp.bfloat16)])
+def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
+    """KV heads of more than 64 query rows with 16-bit caches: two or more 64-row CTAs,
+    or with JAX_PAGED_WGMMA_128=1 (development; test_gpu_wgmma_128_rows runs this test
+    under it) the wgmma form's 128-row CTAs, two warpgroups over shared stages. Rows per
+    KV head: 128 (group 8 at q_len 16: one full CTA), 72 (the second warpgroup's first
+    warp half full, its other three empty), 132 and 208 (groups of 12 and 16 at q_len 11
+    and 13, one KV head: two 128-row CTAs of 66 and 104 rows, whose few work items the
+    partition rule splits over partitions: the workspace and V2's reduce). Edge lengths
+    (page, 64-token tile and 512-token partition edges), NaN in every unused cache slot
+    and (best effort) in the output's memory; plain, a window, ALiBi with a window, a
+    soft cap and LSE; and 256-token partitions (the rule patched)."""
+    rng = np.random.default_rng(head_size * block_size + 128)
+    lens = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
+    for num_heads, num_kv_heads, q_len in ((64, 8, 16), (72, 8, 8), (12, 1, 11), (16, 1, 13)):
+        inp = make_inputs(rng, lens, num_heads, num_kv_heads, head_size, block_size, dtype,
+                          q_len=q_len)
+        compare("gpu", inp, "grouped", poisoned=True)
+        compare("gpu", inp, "grouped", sliding_window=100)
+        slopes = (0.03 * rng.uniform(0.5, 1.0, size=num_heads)).astype(np.float32)
+        compare("gpu", inp, "grouped", alibi_slopes=slopes, sliding_window=300, soft_cap=10.0,
+                return_lse=True)
+    # (partition_size=1024 only keys this call apart from the ones above: the grouped
+    # kernel takes the rule's size.)
+    monkeypatch.setattr(primitives, "grouped_partition_size", lambda *args, **kw: 256)
+    compare("gpu", inp, "grouped", poisoned=True, return_lse=True, partition_size=1024)
+
+
+@requires_gpu
+def test_gpu_wgmma_128_rows():
+    """The wgmma form's 128-row CTAs (development, JAX_PAGED_WGMMA_128=1, read once per
+    process, so in a pytest run of its own): the 128-rows test at every head size and
+    block size it has, and the uneven-rows test's 16-bit wgmma case (80 and 128 rows
+    with ALiBi that makes the running maxima grow). The launcher says once on stderr
+    that the form ran."""
+    cases = [f"test_gpu_row_split_128_rows[{c}]" for c in (
+        "128-16-bfloat16", "128-8-float16", "128-32-bfloat16", "96-16-float16",
+        "80-32-bfloat16", "112-8-bfloat16")]
+    cases += ["test_gpu_row_split_uneven_rows_with_alibi[128-16-float16-float16]"]
+    env = dict(os.environ, JAX_PAGED_WGMMA_128="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    # (-s: the kernel's notice reaches this process's stderr.)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                           *(f"{__file__}::{c}" for c in cases)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-2000:])
+    assert "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs" in proc.stderr, (
+        "the 128-row form did not run: " + proc.stderr[-2000:])
+
+
+@requires_gpu
 @pytest.mark.parametrize("head_size,block_size,cache_dtype,query_dtype", [
     (128, 16, jnp.float16, jnp.float16), (256, 32, jnp.bfloat16, jnp.bfloat16),
     (192, 8, jnp.float16, jnp.float16), (128, 32, jnp.float8_e4m3fn, jnp.bfloat16)])

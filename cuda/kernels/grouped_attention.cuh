@@ -472,22 +472,31 @@ constexpr bool kPlainAllValid = false;
 // kWgmma: the row split's warpgroup-product form (wgmma.cuh; the default on
 // compute capability 9.0).
 // kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
+// kWarpgroups (with kWgmma, 16-bit caches; development, JAX_PAGED_WGMMA_128=1): 2 for
+// CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same stages (warp w
+// holds row block w), so that a KV head of 65-128 rows copies each page once, not
+// once per 64-row CTA; one CTA per SM.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 __global__ void __launch_bounds__(
-    kThreads, (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D,
-                             kRowBlocks>::kCtasPerSm))
+    (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
+                   kWarpgroups>::kCtaThreads),
+    (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D,
+                             kRowBlocks, kWarpgroups>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
                            const bool direct_out, const __grid_constant__ CUtensorMap v_map) {
 #if !JAX_PAGED_GROUPED_SM90
   __trap();
 #else
-  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks>;
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
+                          kWarpgroups>;
   constexpr int kStages = C::kStages;
+  // Threads of the CTA (the loops over its rows and a stage's rows stride by it).
+  constexpr int kCtaThreads = C::kCtaThreads;
   constexpr bool kRowSplit = C::kRowSplit;
   static_assert(!kWgmma || (kRowBlocks == 4 && D % 16 == 0 && !kPlain && kBlockSize > 0 &&
-                             C::kCtasPerSm == 2),
+                             C::kCtasPerSm == 3 - kWarpgroups),
                 "wgmma: the row split's 64-row CTAs at two per SM, head_size % 16 == 0, "
                 "one block size");
   // kHalfRows: the plain step's kernel for CTAs of at most 8 query rows (up to 8
@@ -580,7 +589,7 @@ __global__ void __launch_bounds__(
   if (start_blk64 >= end_blk) {
     // Nothing to attend here: a well-defined empty result, then exit. With a
     // single partition: out = 0, lse = -inf.
-    for (int i = tid; i < rows * D; i += kThreads) {
+    for (int i = tid; i < rows * D; i += kCtaThreads) {
       const int r = i / D;
       const int d = i - r * D;
       const int64_t hrow = hrow_of(r);
@@ -695,6 +704,8 @@ __global__ void __launch_bounds__(
   constexpr bool kRegIO =
       kWgmma || (kFp8 && C::kQInRegs && C::kMergeSlices == 1 && C::kCtasPerSm <= 2);
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
+  // (Two warpgroups: the paths below that stage through shared memory assume 4 warps.)
+  static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8), "two warpgroups: kRegIO");
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
@@ -891,10 +902,10 @@ __global__ void __launch_bounds__(
       q_scale = F16QueryScale(amax);
       auto to_f16 = [&](uint32_t v) -> uint32_t { return Bf16PairToF16(v, q_scale); };
       if constexpr (kPairwise) {
-        for (int i = tid; i < C::kRows * kPairs; i += kThreads)  // this thread's own pairs
+        for (int i = tid; i < C::kRows * kPairs; i += kCtaThreads)  // this thread's own pairs
           q_words[pair_word(i)] = to_f16(q_words[pair_word(i)]);
       } else {
-        for (int i = tid; i < kUnits; i += kThreads) {  // this thread's own units
+        for (int i = tid; i < kUnits; i += kCtaThreads) {  // this thread's own units
           uint4* u = reinterpret_cast<uint4*>(q_words + unit_word(i));
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -920,7 +931,7 @@ __global__ void __launch_bounds__(
             *reinterpret_cast<uint4*>(q_s + r * C::kQStride + (i - r * kChunks) * C::kQX) = v;
           });
     } else {
-      for (int i = tid; i < C::kRows * kChunks; i += kThreads) {
+      for (int i = tid; i < C::kRows * kChunks; i += kCtaThreads) {
         const int r = i / kChunks;
         const int c = i - r * kChunks;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -1190,7 +1201,7 @@ __global__ void __launch_bounds__(
     unsigned char* vrows =
         smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC);
     if constexpr (kFp8) {  // (16-token pages: a row is 16 bytes, unswizzled)
-      for (int r = tid; r < ppt * D; r += kThreads) {
+      for (int r = tid; r < ppt * D; r += kCtaThreads) {
         const int page = r / D;
         const int d = r - page * D;
         uint4* row = reinterpret_cast<uint4*>(vrows + page * page_elems + d * BS);
@@ -1205,7 +1216,7 @@ __global__ void __launch_bounds__(
       return;
     }
     const int chunks = BS >> 3;  // 16-byte chunks (8 tokens) per row
-    for (int r = tid; r < ppt * D; r += kThreads) {
+    for (int r = tid; r < ppt * D; r += kCtaThreads) {
       const int page = r / D;
       const int d = r - page * D;
       const int swz = BS == 16 ? (d >> 2) & 1 : (BS == 32 ? (d >> 1) & 3 : 0);
@@ -2028,12 +2039,12 @@ __global__ void __launch_bounds__(
     // ~3.5 us this loop takes per CTA at q_len 16 is not a chain of load latencies;
     // twenty-ninth session, BENCHMARKS.md.)
 #pragma unroll
-    for (int step = 0; step < (C::kRows * kQuads + kThreads - 1) / kThreads; ++step) {
-      const int i = tid + step * kThreads;
+    for (int step = 0; step < (C::kRows * kQuads + kCtaThreads - 1) / kCtaThreads; ++step) {
+      const int i = tid + step * kCtaThreads;
       if (i < rows * kQuads) JAX_PAGED_WRITE_QUAD(i)
     }
   } else {
-    for (int i = tid; i < rows * kQuads; i += kThreads) JAX_PAGED_WRITE_QUAD(i)
+    for (int i = tid; i < rows * kQuads; i += kCtaThreads) JAX_PAGED_WRITE_QUAD(i)
   }
 #undef JAX_PAGED_WRITE_QUAD
   }  // (kRegIO)
@@ -2070,15 +2081,19 @@ struct GroupedInstance {
   std::atomic<bool>* carveout_set;     // [kMaxDevices]
   size_t smem_bytes;                   // GroupedConfig::kSmemBytes
   int max_rows;                        // GroupedConfig::kRows
+  int threads;                         // GroupedConfig::kCtaThreads
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 GroupedInstance GroupedInstanceOf() {
-  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks>;
+  using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
+                          kWarpgroups>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
-  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows>,
-          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows};
+  return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows,
+                                  kWarpgroups>,
+          smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
+          C::kCtaThreads};
 }
 
 // Whether the 64-row CTAs run their wgmma form: on compute capability 9.0, the
@@ -2095,6 +2110,17 @@ inline bool IsSm90(int device) {
 inline bool WgmmaEnabled(int device) {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA", "0");
   return enabled && IsSm90(device);
+}
+// Whether a KV head of 65-128 query rows (or more, in chunks of up to 128) takes the
+// wgmma form's 128-row CTAs (two warpgroups over shared stages, one CTA per SM)
+// instead of 64-row ones that each copy every page: development,
+// JAX_PAGED_WGMMA_128=1 (read once). The question it answers (fortieth session): group
+// 8 at q_len 16 moves each page from L2 into two SMs, 2 x 1074 MB per call at 128 x 64
+// x 8 x 2048, which at the H200's 501 us is 4.3 TB/s, about the rate of its decode
+// step's single reads.
+inline bool Wgmma128Enabled() {
+  static const bool enabled = EnvIs("JAX_PAGED_WGMMA_128", "1");
+  return enabled;
 }
 
 // Whether the fp8 64-row CTAs run their wgmma form (kWgmma with fp8 caches;
@@ -2181,6 +2207,10 @@ bool EncodeValueTensorMap(const PagedAttentionParams& p, CUtensorMap* map) {
 // built when JAX_PAGED_HAVE_WGMMA), which instantiate it per head size.
 template <typename T, int D>
 GroupedInstance WgmmaRowSplitInstance(int block_size);
+// Its 128-row CTAs (two warpgroups; development, JAX_PAGED_WGMMA_128=1), in the same
+// translation units.
+template <typename T, int D>
+GroupedInstance WgmmaRowSplit128Instance(int block_size);
 // Its fp8 form (WgmmaFp8RowSplitAvailable; 16-token pages), in
 // cuda/ffi/wgmma_grouped_fp8e4m3.cu.
 template <int D>
@@ -2210,14 +2240,20 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // the row split's ldmatrix addresses fold into immediates), the others read it
 // at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
-          bool kWgmma = false, bool kHalfRows = false>
+          bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
-      case 8: return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows>();
-      case 16: return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows>();
-      default: return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows>();
+      case 8:
+        return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows,
+                                 kWarpgroups>();
+      case 16:
+        return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows,
+                                 kWarpgroups>();
+      default:
+        return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows,
+                                 kWarpgroups>();
     }
   } else {
     return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma, kHalfRows>();
@@ -2246,6 +2282,10 @@ GroupedInstance PlainInstance(const PagedAttentionParams& p) {
 template <typename T, int D>
 GroupedInstance WgmmaRowSplitInstance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
+}
+template <typename T, int D>
+GroupedInstance WgmmaRowSplit128Instance(int block_size) {
+  return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
 }
 template <int D>
 GroupedInstance WgmmaFp8RowSplitInstance() {
@@ -2286,7 +2326,17 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
   }
   if constexpr (kRowBlocks == 4 && WgmmaRowSplitAvailable(sizeof(T), sizeof(TC), D)) {
     if (WgmmaEnabled(device)) {
-      if (EncodeValueTensorMap<T, D>(p, v_map)) return WgmmaRowSplitInstance<T, D>(p.block_size);
+      if (EncodeValueTensorMap<T, D>(p, v_map)) {
+        if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled()) {
+          static std::atomic<bool> told{false};
+          if (!told.exchange(true))
+            std::fputs("jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups; "
+                       "development)\n",
+                       stderr);
+          return WgmmaRowSplit128Instance<T, D>(p.block_size);
+        }
+        return WgmmaRowSplitInstance<T, D>(p.block_size);
+      }
       // Asked for by name (JAX_PAGED_WGMMA=1): say once why it does not run (the
       // results are the same).
       static std::atomic<bool> told{false};
@@ -2349,7 +2399,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   const bool pdl = UseProgrammaticLaunch(device);
   for (int base = 0; base < p.num_seqs; base += kMaxGridYZ) {
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
-    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), kThreads,
+    g.kernel<<<dim3(p.num_kv_heads * group_chunks, n, GroupedGridPartitions(p)), g.threads,
              g.smem_bytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out, v_map);
     if (!direct_out && !kProbeNoReduce) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
@@ -2366,7 +2416,9 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
 // The wgmma row-split kernel for one 16-bit dtype and head size (cuda/ffi/wgmma_grouped_*.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA(T, H)                                   \
   template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);
+  jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);                      \
+  template jax_paged::cuda::grouped::GroupedInstance                               \
+  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int);
 
 // The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \

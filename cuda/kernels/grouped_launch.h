@@ -68,7 +68,10 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // each tile from slice w % kSliceGroups (in one pass), so that a KV head with more than 16 rows
 // (q_len * group > 16) reads each page once per 16 * kRowBlocks rows instead of
 // once per 16 (see SelectGroupedKernel). kRowBlocks == 1 is the decode kernel.
-template <int QELEM, int CELEM, int D, int kRowBlocks = 1>
+// kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
+// of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
+// that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
+template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
   static constexpr bool kFp8 = CELEM == 1;
@@ -113,7 +116,11 @@ struct GroupedConfig {
   // Query rows per CTA; warps per row block (each computing its own token slices);
   // token slices each warp computes per tile (one pass); slice partials the epilogue merges
   // per row (one per warp of a row block).
-  static constexpr int kRows = kRowBlocks * kMaxRows;
+  static_assert(kWarpgroups == 1 || (kWarpgroups == 2 && kRowBlocks == 4 && kMma && !kFp8 &&
+                                      !kWide),
+                "two warpgroups: the 16-bit wgmma form's 64-row blocks");
+  static constexpr int kCtaThreads = kThreads * kWarpgroups;  // threads per CTA
+  static constexpr int kRows = kRowBlocks * kMaxRows * kWarpgroups;
   static constexpr int kSliceGroups = kSlices / kRowBlocks;
   static constexpr int kSlicesPerWarp = kWide ? kRowBlocks / 2 : kRowBlocks;
   static_assert(!kRowSplit || kTile == 16 * kSliceGroups * kSlicesPerWarp, "row split: a tile");
@@ -152,8 +159,9 @@ struct GroupedConfig {
   // three 32 KB stages at two CTAs per SM for D = 128 even with 64 rows.
   // (The fp8 row split above head size 64 holds the 16-bit one's registers, ~220 per
   // thread, in stages of 16 KB: two CTAs per SM.)
+  // (Two warpgroups: one CTA per SM, the stages of two.)
   static constexpr int kTargetCtasPerSm =
-      kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64) ? 4 : 2;
+      kWarpgroups == 2 ? 1 : (kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64) ? 4 : 2);
   static constexpr int kStageBudget =
       kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
                 : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
@@ -208,6 +216,10 @@ static_assert(GroupedConfig<2, 2, 256, 4>::kTile == 32 && GroupedConfig<2, 2, 25
 static_assert(GroupedConfig<2, 1, 128, 4>::kStages == 6 && GroupedConfig<2, 1, 128, 4>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 64, 4>::kStages == 6 && GroupedConfig<2, 1, 64, 4>::kCtasPerSm == 4,
               "the fp8 row split (BENCHMARKS.md, nineteenth session)");
+static_assert(GroupedConfig<2, 2, 128, 4, 2>::kStages == 6 &&
+                  GroupedConfig<2, 2, 128, 4, 2>::kCtasPerSm == 1 &&
+                  GroupedConfig<2, 2, 128, 4, 2>::kRows == 128,
+              "the wgmma form's 128-row CTAs: six 32 KB stages, one CTA per SM");
 static_assert(GroupedConfig<2, 1, 256, 4>::kTile == 32 && GroupedConfig<2, 1, 256, 4>::kStages == 4 &&
                   GroupedConfig<2, 1, 256, 4>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 192, 4>::kStages == 6 && GroupedConfig<2, 1, 192, 4>::kCtasPerSm == 2,

@@ -2319,9 +2319,9 @@ GroupedInstance WgmmaRowSplitInstance(int block_size) {
 }
 template <typename T, int D>
 GroupedInstance WgmmaRowSplit128Instance(int block_size, bool decoupled) {
-  if (decoupled)
-    return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size);
-  return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
+  return decoupled
+             ? GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size)
+             : GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
 }
 template <int D>
 GroupedInstance WgmmaFp8RowSplitInstance() {

@@ -1132,8 +1132,8 @@ def test_gpu_row_split_many_items(head_size, block_size, cache_dtype, monkeypatc
     (96, 16, jnp.float16), (80, 32, jnp.bfloat16), (112, 8, jnp.bfloat16)])
 def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
     """KV heads of more than 64 query rows with 16-bit caches: two or more 64-row CTAs,
-    or with JAX_PAGED_WGMMA_128=1 or 2 (development; test_gpu_wgmma_128_rows runs this
-    test under both) the wgmma form's 128-row CTAs, two warpgroups over shared stages. Rows per
+    or with JAX_PAGED_WGMMA_128=1 (development; test_gpu_wgmma_128_rows runs this test
+    under it) the wgmma form's 128-row CTAs, two warpgroups over shared stages. Rows per
     KV head: 128 (group 8 at q_len 16: one full CTA), 72 (the second warpgroup's first
     warp half full, its other three empty), 132 and 208 (groups of 12 and 16 at q_len 11
     and 13, one KV head: two 128-row CTAs of 66 and 104 rows, whose few work items the
@@ -1158,10 +1158,8 @@ def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("mode", ["1", "2"])
-def test_gpu_wgmma_128_rows(mode):
-    """The wgmma form's 128-row CTAs (development, JAX_PAGED_WGMMA_128=1: the warpgroups
-    meet at a CTA barrier per tile; 2: they release stages on their own; read once per
+def test_gpu_wgmma_128_rows():
+    """The wgmma form's 128-row CTAs (development, JAX_PAGED_WGMMA_128=1, read once per
     process, so in a pytest run of its own): the 128-rows test at every head size and
     block size it has, and the uneven-rows test's 16-bit wgmma case (80 and 128 rows
     with ALiBi that makes the running maxima grow). The launcher says once on stderr
@@ -1170,14 +1168,14 @@ def test_gpu_wgmma_128_rows(mode):
         "128-16-bfloat16", "128-8-float16", "128-32-bfloat16", "96-16-float16",
         "80-32-bfloat16", "112-8-bfloat16")]
     cases += ["test_gpu_row_split_uneven_rows_with_alibi[128-16-float16-float16]"]
-    env = dict(os.environ, JAX_PAGED_WGMMA_128=mode, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = dict(os.environ, JAX_PAGED_WGMMA_128="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     # (-s: the kernel's notice reaches this process's stderr.)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                            *(f"{__file__}::{c}" for c in cases)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-2000:])
-    assert f"JAX_PAGED_WGMMA_128={mode}: 128-row wgmma CTAs" in proc.stderr, (
+    assert "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs" in proc.stderr, (
         "the 128-row form did not run: " + proc.stderr[-2000:])
 
 

@@ -157,11 +157,6 @@ __device__ __forceinline__ void TensorCopy2dG2S(uint32_t dst, const CUtensorMap*
 }
 #endif  // JAX_PAGED_GROUPED_SM90
 
-// Barrier `id` (1..15; 0 is __syncthreads') among `threads` threads (a multiple of 32).
-__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -477,16 +472,12 @@ constexpr bool kPlainAllValid = false;
 // kWgmma: the row split's warpgroup-product form (wgmma.cuh; the default on
 // compute capability 9.0).
 // kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
-// kWarpgroups (with kWgmma, 16-bit caches; development, JAX_PAGED_WGMMA_128=1 or 2): 2
-// for CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same stages (warp w
+// kWarpgroups (with kWgmma, 16-bit caches; development, JAX_PAGED_WGMMA_128=1): 2 for
+// CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same stages (warp w
 // holds row block w), so that a KV head of 65-128 rows copies each page once, not
-// once per 64-row CTA; one CTA per SM. kWgDecoupled (JAX_PAGED_WGMMA_128=2): the two
-// warpgroups release each stage on their own (a named barrier per warpgroup, then a
-// count; the second release refills) instead of meeting at a CTA barrier per tile, so
-// that one may run up to kStages - 1 tiles ahead of the other.
+// once per 64-row CTA; one CTA per SM.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kWgDecoupled = false>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 __global__ void __launch_bounds__(
     (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                    kWarpgroups>::kCtaThreads),
@@ -715,7 +706,6 @@ __global__ void __launch_bounds__(
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
   // (Two warpgroups: the paths below that stage through shared memory assume 4 warps.)
   static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8), "two warpgroups: kRegIO");
-  static_assert(!kWgDecoupled || kWarpgroups == 2, "decoupled release: two warpgroups");
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
@@ -1846,9 +1836,6 @@ __global__ void __launch_bounds__(
       if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
         zero_v_without_data(next_stage, next_mask);
         FenceProxyAsyncShared();
-        // (Decoupled warpgroups: both zero their share of the rows, and both see every
-        // zero before their P.V of that tile. Rare: a partition's last tile, as a rule.)
-        if constexpr (kWgDecoupled) __syncthreads();
       }
       WgmmaWaitAll();
     }
@@ -1867,25 +1854,7 @@ __global__ void __launch_bounds__(
       pending_stage = -1;
     }
     bool refill;
-    if constexpr (kWgDecoupled) {
-      // The warpgroup's 4 warps done with the stage (its products waited for above;
-      // the table stores above), then its first warp counts the release; the
-      // warpgroup whose count is the second refills (fences as in the decode kernels).
-      NamedBarrierSync(1 + (warp >> 2), 128);
-      uint32_t released = 0u;
-      if ((warp & 3) == 0) {
-        if (lane == 0) {
-          __threadfence_block();
-          released = atomicAdd(release_count_s + stage, 1u) + 1u;
-        }
-        released = __shfl_sync(0xffffffffu, released, 0);
-      }
-      refill = released == static_cast<uint32_t>(kWarpgroups);
-      if (refill) {
-        __threadfence_block();
-        if (lane == 0) release_count_s[stage] = 0u;  // before the refill's arrival (release)
-      }
-    } else if constexpr (kCtaBarrier) {
+    if constexpr (kCtaBarrier) {
       __syncthreads();
       refill = warp == 0;
     } else {
@@ -2115,15 +2084,14 @@ struct GroupedInstance {
   int threads;                         // GroupedConfig::kCtaThreads
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kWgDecoupled = false>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                           kWarpgroups>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                  kWarpgroups, kWgDecoupled>,
+                                  kWarpgroups>,
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
           C::kCtaThreads};
 }
@@ -2143,17 +2111,16 @@ inline bool WgmmaEnabled(int device) {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA", "0");
   return enabled && IsSm90(device);
 }
-// How a KV head of 65-128 query rows (or more, in chunks of up to 128) runs: 0, in
-// 64-row wgmma CTAs that each copy every page (the default); 1, in 128-row CTAs (two
-// warpgroups over shared stages, one CTA per SM) meeting at a CTA barrier per tile; 2,
-// the same with decoupled warpgroups (kWgDecoupled). Development: JAX_PAGED_WGMMA_128=1
-// or 2, read once. The question (fortieth session): group 8 at q_len 16 moves each
-// page from L2 into two SMs, 2 x 1074 MB per call at 128 x 64 x 8 x 2048, which at the
-// H200's 501 us is 4.3 TB/s, about the rate of its decode step's single reads.
-inline int Wgmma128Mode() {
-  static const int mode = EnvIs("JAX_PAGED_WGMMA_128", "1") ? 1
-                          : EnvIs("JAX_PAGED_WGMMA_128", "2") ? 2 : 0;
-  return mode;
+// Whether a KV head of 65-128 query rows (or more, in chunks of up to 128) takes the
+// wgmma form's 128-row CTAs (two warpgroups over shared stages, one CTA per SM)
+// instead of 64-row ones that each copy every page: development,
+// JAX_PAGED_WGMMA_128=1 (read once). The question it answers (fortieth session): group
+// 8 at q_len 16 moves each page from L2 into two SMs, 2 x 1074 MB per call at 128 x 64
+// x 8 x 2048, which at the H200's 501 us is 4.3 TB/s, about the rate of its decode
+// step's single reads.
+inline bool Wgmma128Enabled() {
+  static const bool enabled = EnvIs("JAX_PAGED_WGMMA_128", "1");
+  return enabled;
 }
 
 // Whether the fp8 64-row CTAs run their wgmma form (kWgmma with fp8 caches;
@@ -2243,7 +2210,7 @@ GroupedInstance WgmmaRowSplitInstance(int block_size);
 // Its 128-row CTAs (two warpgroups; development, JAX_PAGED_WGMMA_128=1), in the same
 // translation units.
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, bool decoupled);
+GroupedInstance WgmmaRowSplit128Instance(int block_size);
 // Its fp8 form (WgmmaFp8RowSplitAvailable; 16-token pages), in
 // cuda/ffi/wgmma_grouped_fp8e4m3.cu.
 template <int D>
@@ -2273,21 +2240,20 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // the row split's ldmatrix addresses fold into immediates), the others read it
 // at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
-          bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kWgDecoupled = false>
+          bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
       case 8:
         return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kWgDecoupled>();
+                                 kWarpgroups>();
       case 16:
         return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kWgDecoupled>();
+                                 kWarpgroups>();
       default:
         return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kWgDecoupled>();
+                                 kWarpgroups>();
     }
   } else {
     return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma, kHalfRows>();
@@ -2318,10 +2284,8 @@ GroupedInstance WgmmaRowSplitInstance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
 }
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, bool decoupled) {
-  return decoupled
-             ? GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size)
-             : GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
+GroupedInstance WgmmaRowSplit128Instance(int block_size) {
+  return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
 }
 template <int D>
 GroupedInstance WgmmaFp8RowSplitInstance() {
@@ -2363,15 +2327,13 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
   if constexpr (kRowBlocks == 4 && WgmmaRowSplitAvailable(sizeof(T), sizeof(TC), D)) {
     if (WgmmaEnabled(device)) {
       if (EncodeValueTensorMap<T, D>(p, v_map)) {
-        const int mode = Wgmma128Mode();
-        if (mode > 0 && RowsPerKvHead(p) > kRowBlocks * kMaxRows) {
+        if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled()) {
           static std::atomic<bool> told{false};
           if (!told.exchange(true))
-            std::fprintf(stderr,
-                         "jax_paged: JAX_PAGED_WGMMA_128=%d: 128-row wgmma CTAs (two warpgroups%s; "
-                         "development)\n",
-                         mode, mode == 2 ? ", decoupled" : "");
-          return WgmmaRowSplit128Instance<T, D>(p.block_size, mode == 2);
+            std::fputs("jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups; "
+                       "development)\n",
+                       stderr);
+          return WgmmaRowSplit128Instance<T, D>(p.block_size);
         }
         return WgmmaRowSplitInstance<T, D>(p.block_size);
       }
@@ -2456,7 +2418,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   template jax_paged::cuda::grouped::GroupedInstance                               \
   jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);                      \
   template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, bool);
+  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int);
 
 // The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \

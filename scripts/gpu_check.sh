@@ -21,7 +21,8 @@
 #                    bench.log bench.json bench.png summary.txt sources.sha256 (the test shards' own logs go
 #                    to out/test_shards/; tests.log has the end of any failed shard's log)
 #   PYTHON           interpreter (default python3)
-#   CMAKE_ARGS       for the install (default: the development options OFF, see the install stage)
+#   CMAKE_ARGS       for the install, after the development options' -D...=OFF (see the install
+#                    stage), e.g. CMAKE_ARGS="-DJAX_PAGED_PROBE_NO_LOADS=ON"
 #   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
 #   CEILING=1        also run benchmarks/wgmma_ceiling.cu as the install built it (after the
 #                    env stage; output in ceiling.log)
@@ -136,10 +137,12 @@ else
   STAGES+=(install)
   echo; echo "=== [install] $(now): $PY -m pip install --no-build-isolation --no-deps -e . -v"
   t0=$SECONDS
-  # The development options (CMakeLists.txt's "(development)" options) OFF explicitly: a warm
-  # machine's build directory keeps a cached option (e.g. a trace build's) until it is set again.
+  # The development options (CMakeLists.txt's "(development)" options) OFF explicitly, then
+  # CMAKE_ARGS (the later -D wins): a warm machine's build directory keeps a cached option
+  # (e.g. a trace build's) until it is set again. (Until the forty-first session CMAKE_ARGS
+  # replaced these, so a probe build after another probe build kept both probes on.)
   DEV_OFF=$(sed -nE 's/^ *option\((JAX_PAGED_[A-Z0-9_]+) .*\(development\).*/-D\1=OFF/p' CMakeLists.txt | paste -sd' ')
-  CMAKE_ARGS="${CMAKE_ARGS:-$DEV_OFF}" \
+  CMAKE_ARGS="$DEV_OFF ${CMAKE_ARGS:-}" \
   timeout -k 15 "${INSTALL_TIMEOUT:-420}" "$PY" -m pip install --no-build-isolation --no-deps -e . -v \
     > "$OUTDIR/install.log" 2>&1
   rc=$?

@@ -2111,13 +2111,15 @@ inline bool WgmmaEnabled(int device) {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA", "0");
   return enabled && IsSm90(device);
 }
-// Whether a KV head of 65-128 query rows (or more, in chunks of up to 128) takes the
-// wgmma form's 128-row CTAs (two warpgroups over shared stages, one CTA per SM)
-// instead of 64-row ones that each copy every page: development,
-// JAX_PAGED_WGMMA_128=1 (read once). The question it answers (fortieth session): group
-// 8 at q_len 16 moves each page from L2 into two SMs, 2 x 1074 MB per call at 128 x 64
-// x 8 x 2048, which at the H200's 501 us is 4.3 TB/s, about the rate of its decode
-// step's single reads.
+// Whether a KV head of more than 64 query rows takes the wgmma form's 128-row CTAs (two
+// warpgroups over shared stages meeting at a CTA barrier per tile, one CTA per SM; more
+// than 128 rows in chunks of up to 128) instead of 64-row ones that each copy every page:
+// development, JAX_PAGED_WGMMA_128=1 (read once). Measured on the H200 (forty-first
+// session, BENCHMARKS.md): the memory pipeline alone (PROBE_NO_COMPUTE) at q_len 16, 128
+// x 64 x 8 x 2048, takes 279.1 us against 402.3 in 64-row CTAs (each page into two SMs),
+// but the whole call only 496.5 against 508.3-513.0: it is bound by its arithmetic. (Its
+// warpgroups releasing stages on their own instead, each with a named barrier and a
+// count, measured as fast to 6.8% slower; removed, in the history at 5580278.)
 inline bool Wgmma128Enabled() {
   static const bool enabled = EnvIs("JAX_PAGED_WGMMA_128", "1");
   return enabled;

@@ -52,7 +52,9 @@
 // fragments and its output written from the accumulators (no staging, no merge
 // buffer). (Persistent wgmma CTAs, walking many work items with the next item's
 // copies issued during the current one's last tiles, measured 0.3-3.4% slower
-// than one CTA per item: thirty-third session, BENCHMARKS.md.)
+// than one CTA per item: thirty-third session, BENCHMARKS.md.) Development
+// (JAX_PAGED_WGMMA_128=1, kWarpgroups): CTAs of 128 rows in two warpgroups over
+// shared stages, so that a KV head of more than 64 rows copies each page once.
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the

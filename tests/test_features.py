@@ -1004,6 +1004,20 @@ def test_gpu_row_split_64_rows_every_page_layout(cache_dtype, head_size, block_s
         compare("gpu", inp, "grouped", sliding_window=100)
 
 
+def _run_cases_in_own_process(cases, **env_vars):
+    """Runs test cases of this file in a pytest process of its own with the environment
+    variables set (the kernels' development switches are read once per process); asserts
+    that all of them passed and returns the process (-s: the kernels' notices reach its
+    stderr)."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", **env_vars)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                           *(f"{__file__}::{c}" for c in cases)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-2000:])
+    return proc
+
+
 @requires_gpu
 def test_gpu_row_split_mma_sync_form():
     """The mma.sync form of the 16-bit 64-row CTAs at head sizes 80-128, which an H100 /
@@ -1015,11 +1029,7 @@ def test_gpu_row_split_mma_sync_form():
         "96-32-bfloat16", "128-32-float16", "128-16-bfloat16", "128-8-float16",
         "80-16-bfloat16", "112-8-float16")]
     cases += [f"test_gpu_row_split_many_items[{c}]" for c in ("128-16-bfloat16", "96-16-float16")]
-    env = dict(os.environ, JAX_PAGED_WGMMA="0", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           *(f"{__file__}::{c}" for c in cases)],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, proc.stdout[-3000:]
+    _run_cases_in_own_process(cases, JAX_PAGED_WGMMA="0")
 
 
 # The fp8 wgmma form's longest partition (kFp8WgmmaMaxPartitionTokens in
@@ -1039,13 +1049,7 @@ def test_gpu_fp8_wgmma_form():
         "128-16-float8_e4m3fn-bfloat16", "96-16-float8_e4m3fn-bfloat16")]
     cases += ["test_gpu_row_split_many_items[128-16-float8_e4m3fn]",
               "test_gpu_fp8_row_split_partition_limit"]
-    env = dict(os.environ, JAX_PAGED_FP8_WGMMA="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    # (-s: the kernel's notice reaches this process's stderr.)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                           *(f"{__file__}::{c}" for c in cases)],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-2000:])
+    proc = _run_cases_in_own_process(cases, JAX_PAGED_FP8_WGMMA="1")
     assert "JAX_PAGED_FP8_WGMMA=1: fp8 64-row CTAs on the wgmma form" in proc.stderr, (
         "the wgmma form did not run: " + proc.stderr[-2000:])
     limit = _FP8_WGMMA_MAX_PARTITION
@@ -1168,13 +1172,7 @@ def test_gpu_wgmma_128_rows():
         "128-16-bfloat16", "128-8-float16", "128-32-bfloat16", "96-16-float16",
         "80-32-bfloat16", "112-8-bfloat16")]
     cases += ["test_gpu_row_split_uneven_rows_with_alibi[128-16-float16-float16]"]
-    env = dict(os.environ, JAX_PAGED_WGMMA_128="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    # (-s: the kernel's notice reaches this process's stderr.)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                           *(f"{__file__}::{c}" for c in cases)],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and f"{len(cases)} passed" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-2000:])
+    proc = _run_cases_in_own_process(cases, JAX_PAGED_WGMMA_128="1")
     assert "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs" in proc.stderr, (
         "the 128-row form did not run: " + proc.stderr[-2000:])
 

@@ -478,12 +478,8 @@ constexpr bool kPlainAllValid = false;
 // CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same stages (warp w
 // holds row block w), so that a KV head of 65-128 rows copies each page once, not
 // once per 64-row CTA; one CTA per SM.
-// kDeferPv (with two warpgroups; development, JAX_PAGED_WGMMA_DEFER_PV=1): tile k's
-// P.V products run on while tile k + 1's softmax computes (waited for before the O
-// rescale after it), so each stage is released one tile later.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 __global__ void __launch_bounds__(
     (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                    kWarpgroups>::kCtaThreads),
@@ -712,9 +708,6 @@ __global__ void __launch_bounds__(
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
   // (Two warpgroups: the paths below that stage through shared memory assume 4 warps.)
   static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8), "two warpgroups: kRegIO");
-  // (Deferred P.V: a stage is refilled a tile later, so it takes the two warpgroups' six
-  // stages; tile k + 1 was issued at the release of tile k + 1 - kStages, two tiles back.)
-  static_assert(!kDeferPv || (kWarpgroups == 2 && kStages >= 4), "deferred P.V: 128-row CTAs");
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
@@ -1333,7 +1326,6 @@ __global__ void __launch_bounds__(
   int stage = 0;
   uint32_t phase = 0;
   Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
-  bool pv_pending = false;  // kDeferPv: the last product group committed was a P.V
   if constexpr (kWgmma) {
     MbarWait(bar0, 0u);
     next_mask = tile_mask(0, 0);
@@ -1388,14 +1380,6 @@ __global__ void __launch_bounds__(
       auto& s = sw[0];  // the 16-bit and f32 paths' only sub-slice
       if constexpr (kWgmma) {
         // S of tile k (computed during tile k - 1's softmax), then tile k + 1's.
-        if constexpr (kDeferPv) {
-          // (Tile k's Q.K was committed before tile k - 1's P.V, which may run on.)
-          if (pv_pending)
-            WgmmaWait<1>();
-          else
-            WgmmaWaitAll();
-          FenceOperands(s_next);
-        }
 #pragma unroll
         for (int h = 0; h < kSub; ++h)
 #pragma unroll
@@ -1620,17 +1604,7 @@ __global__ void __launch_bounds__(
       // (wgmma: tile k + 1's Q.K done before O is touched: ptxas serializes every
       // wgmma of a kernel where ordinary instructions use accumulators while
       // products are in flight, warning C7514.)
-      if constexpr (kDeferPv) {
-        // Tile k - 1's P.V done before O is touched; tile k + 1's Q.K (committed
-        // last) may still run.
-        if (next_mask != 0u)
-          WgmmaWait<1>();
-        else
-          WgmmaWaitAll();
-        FenceOperands(o);
-      } else if constexpr (kWgmma) {
-        WgmmaWaitAll();
-      }
+      if constexpr (kWgmma) WgmmaWaitAll();
       // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
       // fp8 path, bound by instruction issue, skips the multiplies when no
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
@@ -1865,19 +1839,7 @@ __global__ void __launch_bounds__(
         zero_v_without_data(next_stage, next_mask);
         FenceProxyAsyncShared();
       }
-      if constexpr (kDeferPv) {
-        // Tile k - 1's P.V done before its stage is released below (with tile k
-        // computed, it was waited for before the O rescale); tile k's runs on.
-        if (smask == 0u) {
-          if (next_mask != 0u)
-            WgmmaWait<1>();
-          else
-            WgmmaWaitAll();
-        }
-        pv_pending = smask != 0u;
-      } else {
-        WgmmaWaitAll();
-      }
+      WgmmaWaitAll();
     }
     // Every warp done with this stage: the decode kernels' last warp to release
     // it refills it at once, and nobody waits (a warp 0 that waited there for the
@@ -1913,15 +1875,12 @@ __global__ void __launch_bounds__(
         if (lane == 0) release_count_s[stage] = 0u;  // before the refill's arrival (release)
       }
     }
-    // The tile released here and its stage: this one, or with kDeferPv the one before.
-    const int rel_tile = kDeferPv ? k - 1 : k;
-    const int rel_stage = kDeferPv ? (stage == 0 ? kStages - 1 : stage - 1) : stage;
-    if (refill && rel_tile >= 0 && rel_tile + kStages < ntiles) {
-      issue(rel_tile + kStages, rel_stage,
-            lane < C::kMaxTilePages ? refill_table_s[rel_stage * C::kMaxTilePages + lane] : -1);
-      if (rel_tile + 2 * kStages < ntiles) {
-        pending_entry = load_entry(rel_tile + 2 * kStages);
-        pending_stage = rel_stage;
+    if (refill && k + kStages < ntiles) {
+      issue(k + kStages, stage,
+            lane < C::kMaxTilePages ? refill_table_s[stage * C::kMaxTilePages + lane] : -1);
+      if (k + 2 * kStages < ntiles) {
+        pending_entry = load_entry(k + 2 * kStages);
+        pending_stage = stage;
       }
     }
     if (++stage == kStages) {
@@ -1930,10 +1889,6 @@ __global__ void __launch_bounds__(
     }
   }
 
-  if constexpr (kDeferPv) {  // the last tile's P.V
-    WgmmaWaitAll();
-    FenceOperands(o);
-  }
 #ifdef JAX_PAGED_TRACE
   t_loop_end = GlobalTimerNs();
   c_loop_end = clock64();
@@ -2131,15 +2086,14 @@ struct GroupedInstance {
   int threads;                         // GroupedConfig::kCtaThreads
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                           kWarpgroups>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                  kWarpgroups, kDeferPv>,
+                                  kWarpgroups>,
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
           C::kCtaThreads};
 }
@@ -2170,14 +2124,6 @@ inline bool WgmmaEnabled(int device) {
 // count, measured as fast to 6.8% slower; removed, in the history at 5580278.)
 inline bool Wgmma128Enabled() {
   static const bool enabled = EnvIs("JAX_PAGED_WGMMA_128", "1");
-  return enabled;
-}
-// Whether those 128-row CTAs defer each tile's P.V past the next tile's softmax
-// (kDeferPv): development, JAX_PAGED_WGMMA_DEFER_PV=1 with JAX_PAGED_WGMMA_128=1 (read
-// once). The forty-first session's reading: the 128-row call is bound by its arithmetic,
-// in which each warpgroup waits for its P.V products with nothing else to do.
-inline bool WgmmaDeferPvEnabled() {
-  static const bool enabled = EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "1");
   return enabled;
 }
 
@@ -2268,7 +2214,7 @@ GroupedInstance WgmmaRowSplitInstance(int block_size);
 // Its 128-row CTAs (two warpgroups; development, JAX_PAGED_WGMMA_128=1), in the same
 // translation units.
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv);
+GroupedInstance WgmmaRowSplit128Instance(int block_size);
 // Its fp8 form (WgmmaFp8RowSplitAvailable; 16-token pages), in
 // cuda/ffi/wgmma_grouped_fp8e4m3.cu.
 template <int D>
@@ -2298,21 +2244,20 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // the row split's ldmatrix addresses fold into immediates), the others read it
 // at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
-          bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
       case 8:
         return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups>();
       case 16:
         return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups>();
       default:
         return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups>();
     }
   } else {
     return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma, kHalfRows>();
@@ -2343,9 +2288,7 @@ GroupedInstance WgmmaRowSplitInstance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
 }
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv) {
-  if (defer_pv)
-    return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size);
+GroupedInstance WgmmaRowSplit128Instance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
 }
 template <int D>
@@ -2389,14 +2332,12 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
     if (WgmmaEnabled(device)) {
       if (EncodeValueTensorMap<T, D>(p, v_map)) {
         if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled()) {
-          const bool defer_pv = WgmmaDeferPvEnabled();
           static std::atomic<bool> told{false};
           if (!told.exchange(true))
-            std::fprintf(stderr,
-                         "jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups%s; "
-                         "development)\n",
-                         defer_pv ? ", each P.V past the next softmax" : "");
-          return WgmmaRowSplit128Instance<T, D>(p.block_size, defer_pv);
+            std::fputs("jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups; "
+                       "development)\n",
+                       stderr);
+          return WgmmaRowSplit128Instance<T, D>(p.block_size);
         }
         return WgmmaRowSplitInstance<T, D>(p.block_size);
       }
@@ -2481,7 +2422,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   template jax_paged::cuda::grouped::GroupedInstance                               \
   jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);                      \
   template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, bool);
+  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int);
 
 // The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \

@@ -61,28 +61,6 @@ __device__ __forceinline__ void WgmmaWaitAll() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #endif
 }
-// Waits until at most kPending of the warpgroup's most recent product groups are in
-// flight (every older group done).
-template <int kPending>
-__device__ __forceinline__ void WgmmaWait() {
-#if JAX_PAGED_WGMMA_DEVICE
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-#endif
-}
-// Pins accumulator registers after a wait: the compiler sees them written here, so
-// it cannot move their ordinary uses above the wait (which names no register).
-template <int N>
-__device__ __forceinline__ void FenceOperands(float (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
-}
-template <int M, int N>
-__device__ __forceinline__ void FenceOperands(float (&r)[M][N][4]) {
-#pragma unroll
-  for (int i = 0; i < M; ++i) FenceOperands(r[i]);
-}
 
 #define JAX_PAGED_WG_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
 // (d0, d1[, d2, d3]) (+)= a * B: 64 x 16 (or 32) x 16, B's columns from `desc`

@@ -499,8 +499,8 @@ __global__ void __launch_bounds__(
   constexpr bool kRowSplit = C::kRowSplit;
   static_assert(!kWgmma || (kRowBlocks == 4 && D % 16 == 0 && !kPlain && kBlockSize > 0 &&
                              C::kCtasPerSm == 3 - kWarpgroups),
-                "wgmma: the row split's 64-row CTAs at two per SM, head_size % 16 == 0, "
-                "one block size");
+                "wgmma: the row split's 64-row CTAs at two per SM (128-row CTAs: one), "
+                "head_size % 16 == 0, one block size");
   // kHalfRows: the plain step's kernel for CTAs of at most 8 query rows (up to 8
   // query heads per KV head): the mma rows gid + 8 are padding, so the loop
   // skips their logits, exponentials, sums and O rescale (the products still

@@ -1162,19 +1162,23 @@ def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
 
 
 @requires_gpu
-def test_gpu_wgmma_128_rows():
+@pytest.mark.parametrize("defer_pv", [False, True])
+def test_gpu_wgmma_128_rows(defer_pv):
     """The wgmma form's 128-row CTAs (development, JAX_PAGED_WGMMA_128=1, read once per
-    process, so in a pytest run of its own): the 128-rows test at every head size and
-    block size it has, and the uneven-rows test's 16-bit wgmma case (80 and 128 rows
-    with ALiBi that makes the running maxima grow). The launcher says once on stderr
-    that the form ran."""
+    process, so in a pytest run of its own), and with JAX_PAGED_WGMMA_DEFER_PV=1 their
+    form that issues each tile's P.V at the next tile: the 128-rows test at every head
+    size and block size it has, and the uneven-rows test's 16-bit wgmma case (80 and 128
+    rows with ALiBi that makes the running maxima grow, so that the deferred O rescales
+    run). The launcher says once on stderr which form ran."""
     cases = [f"test_gpu_row_split_128_rows[{c}]" for c in (
         "128-16-bfloat16", "128-8-float16", "128-32-bfloat16", "96-16-float16",
         "80-32-bfloat16", "112-8-bfloat16")]
     cases += ["test_gpu_row_split_uneven_rows_with_alibi[128-16-float16-float16]"]
-    proc = _run_cases_in_own_process(cases, JAX_PAGED_WGMMA_128="1")
-    assert "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs" in proc.stderr, (
-        "the 128-row form did not run: " + proc.stderr[-2000:])
+    proc = _run_cases_in_own_process(cases, JAX_PAGED_WGMMA_128="1",
+                                     JAX_PAGED_WGMMA_DEFER_PV="1" if defer_pv else "0")
+    notice = "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups" + (
+        ", each P.V issued at the next tile;" if defer_pv else ";")
+    assert notice in proc.stderr, "the 128-row form did not run: " + proc.stderr[-2000:]
 
 
 @requires_gpu

@@ -478,8 +478,14 @@ constexpr bool kPlainAllValid = false;
 // CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same stages (warp w
 // holds row block w), so that a KV head of 65-128 rows copies each page once, not
 // once per 64-row CTA; one CTA per SM.
+// kDeferPv (with two warpgroups; development, JAX_PAGED_WGMMA_DEFER_PV=1): tile k's
+// P.V is issued at the start of tile k + 1, so that it and tile k + 2's Q.K both run
+// while tile k + 1's softmax computes; each iteration ends with every product done
+// (nothing in flight across the loop's back edge) and releases the stage of the
+// tile before.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
+          bool kDeferPv = false>
 __global__ void __launch_bounds__(
     (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                    kWarpgroups>::kCtaThreads),
@@ -708,6 +714,9 @@ __global__ void __launch_bounds__(
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
   // (Two warpgroups: the paths below that stage through shared memory assume 4 warps.)
   static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8), "two warpgroups: kRegIO");
+  // (Deferred P.V: a stage is refilled a tile later, which the two warpgroups' six
+  // stages allow: tile k + 1 was issued at the release of tile k + 1 - kStages.)
+  static_assert(!kDeferPv || (kWarpgroups == 2 && kStages >= 4), "deferred P.V: 128-row CTAs");
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
@@ -1326,6 +1335,33 @@ __global__ void __launch_bounds__(
   int stage = 0;
   uint32_t phase = 0;
   Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
+  // kDeferPv: the previous tile's P (A fragments), its rows' rescale factors and its
+  // stage's V address, when it has a P.V still to issue (pv_ready).
+  uint32_t pv_pa[kDeferPv ? kSub : 1][4];
+  float pv_alpha[2] = {1.0f, 1.0f};
+  uint32_t pv_vbase = 0;
+  bool pv_ready = false;
+  // O *= pv_alpha (rows gid, gid + 8), then O += P V of the tile whose P is pv_pa.
+  auto deferred_pv = [&] {
+    if constexpr (kDeferPv) {
+      if (__any_sync(0xffffffffu, pv_alpha[0] != 1.0f || pv_alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < C::kNTiles; ++n) {
+          o[n][0] *= pv_alpha[0];
+          o[n][1] *= pv_alpha[0];
+          o[n][2] *= pv_alpha[1];
+          o[n][3] *= pv_alpha[1];
+        }
+      }
+      WgmmaFence();
+#pragma unroll
+      for (int h = 0; h < kSub; ++h)
+        WgmmaAccAll<TM, 0>(o, pv_pa[h], [&](int d0) {
+          return WithStart(v_desc, pv_vbase + wg_v_off[h] + static_cast<uint32_t>(d0 * BS) * 2u);
+        });
+      WgmmaCommit();
+    }
+  };
   if constexpr (kWgmma) {
     MbarWait(bar0, 0u);
     next_mask = tile_mask(0, 0);
@@ -1352,12 +1388,33 @@ __global__ void __launch_bounds__(
     const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
     // wgmma: tile k + 1 (waited for here), its Q.K issued before tile k's softmax.
     const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
+    if constexpr (kDeferPv) {
+      if (pv_ready) deferred_pv();  // tile k - 1's P.V, running while tile k's softmax computes
+    }
     if constexpr (kWgmma) {
       next_mask = 0u;
       if (k + 1 < ntiles) {
         MbarWait(bar0 + 8 * next_stage, next_stage == 0 ? phase ^ 1u : phase);
         next_mask = tile_mask(k + 1, next_stage);
       }
+    }
+    // kDeferPv: tile k's S out of s_next, then tile k + 1's Q.K issued at this one place
+    // every tile, also when tile k + 1 has no data or does not exist (its S is then
+    // never read; the stage's bytes are stale, never written meanwhile): a Q.K issued
+    // under a condition made the compiler copy the old S into the product's registers
+    // ahead of the branch, while tile k - 1's P.V ran, and ptxas then serialized
+    // every product (C7515).
+    float s_cur[kDeferPv ? kSub : 1][2][4];
+    if constexpr (kDeferPv) {
+      if (smask != 0u) {
+#pragma unroll
+        for (int h = 0; h < kSub; ++h)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s_cur[h][nt][e] = s_next[h][nt][e];
+      }
+      issue_qk(next_stage, s_next);
     }
     // (Row split: a warp whose row block is past the CTA's rows computes nothing.)
     // (wgmma: every warp of the warpgroup takes part; smask is CTA-uniform there.)
@@ -1385,8 +1442,9 @@ __global__ void __launch_bounds__(
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) sw[h][nt][e] = s_next[h][nt][e];
-        if (next_mask != 0u) issue_qk(next_stage, s_next);
+            for (int e = 0; e < 4; ++e)
+              sw[h][nt][e] = kDeferPv ? s_cur[h][nt][e] : s_next[h][nt][e];
+        if (!kDeferPv && next_mask != 0u) issue_qk(next_stage, s_next);
       } else if constexpr (kFp8) {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
@@ -1604,13 +1662,16 @@ __global__ void __launch_bounds__(
       // (wgmma: tile k + 1's Q.K done before O is touched: ptxas serializes every
       // wgmma of a kernel where ordinary instructions use accumulators while
       // products are in flight, warning C7514.)
-      if constexpr (kWgmma) WgmmaWaitAll();
+      if constexpr (kWgmma && !kDeferPv) WgmmaWaitAll();
       // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
       // fp8 path, bound by instruction issue, skips the multiplies when no
       // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
       // block size: 146.6 -> 139.6 us; on bf16 it measured neutral, +-1.5%), and
       // so does the wgmma row split (the mma.sync one rescales lazily, above).
-      if constexpr (!kLazy) {
+      if constexpr (kDeferPv) {
+        pv_alpha[0] = alpha[0];  // (applied before this tile's P.V, at the next tile)
+        pv_alpha[1] = alpha[1];
+      } else if constexpr (!kLazy) {
         if (!(kFp8 || kRowSplit) ||
             __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))  // warp-uniform
           rescale_o();
@@ -1618,7 +1679,24 @@ __global__ void __launch_bounds__(
 
       // O += P V. Tokens without data (smask) have their V zeroed in registers:
       // their P is 0, but 0 * NaN would still poison O.
-      if constexpr (C::kMma) {
+      if constexpr (kDeferPv) {
+        // The softmax sums now; P's fragments once the previous tile's P.V (which
+        // reads pv_pa) is done; its P.V at the next tile.
+#pragma unroll
+        for (int h = 0; h < kSub; ++h) {
+          l_run[0] += (sw[h][0][0] + sw[h][0][1]) + (sw[h][1][0] + sw[h][1][1]);
+          l_run[1] += (sw[h][0][2] + sw[h][0][3]) + (sw[h][1][2] + sw[h][1][3]);
+        }
+        WgmmaWaitAll();
+#pragma unroll
+        for (int h = 0; h < kSub; ++h) {
+          pv_pa[h][0] = PackPair<TM>(sw[h][0][0], sw[h][0][1]);
+          pv_pa[h][1] = PackPair<TM>(sw[h][0][2], sw[h][0][3]);
+          pv_pa[h][2] = PackPair<TM>(sw[h][1][0], sw[h][1][1]);
+          pv_pa[h][3] = PackPair<TM>(sw[h][1][2], sw[h][1][3]);
+        }
+        pv_vbase = vbase;
+      } else if constexpr (C::kMma) {
         // A fragment of P (rows, k = the slice's tokens), rounded to T; the
         // softmax sum adds the unrounded fp32 values, so that lse (and the
         // split weights) are fp32-accurate, as in the classic kernels.
@@ -1834,12 +1912,13 @@ __global__ void __launch_bounds__(
       // Tile k + 1's Q.K (if not issued above: tile k had nothing to compute) and
       // V's tokens without data; then every product in flight done (this stage's
       // P.V before its refill).
-      if (smask == 0u && next_mask != 0u) issue_qk(next_stage, s_next);
+      if (!kDeferPv && smask == 0u && next_mask != 0u) issue_qk(next_stage, s_next);
       if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
         zero_v_without_data(next_stage, next_mask);
         FenceProxyAsyncShared();
       }
       WgmmaWaitAll();
+      if constexpr (kDeferPv) pv_ready = smask != 0u;
     }
     // Every warp done with this stage: the decode kernels' last warp to release
     // it refills it at once, and nobody waits (a warp 0 that waited there for the
@@ -1875,12 +1954,16 @@ __global__ void __launch_bounds__(
         if (lane == 0) release_count_s[stage] = 0u;  // before the refill's arrival (release)
       }
     }
-    if (refill && k + kStages < ntiles) {
-      issue(k + kStages, stage,
-            lane < C::kMaxTilePages ? refill_table_s[stage * C::kMaxTilePages + lane] : -1);
-      if (k + 2 * kStages < ntiles) {
-        pending_entry = load_entry(k + 2 * kStages);
-        pending_stage = stage;
+    // The tile released here and its stage: this one, or with kDeferPv the one before
+    // (whose P.V ran in this iteration).
+    const int rel_tile = kDeferPv ? k - 1 : k;
+    const int rel_stage = kDeferPv ? (stage == 0 ? kStages - 1 : stage - 1) : stage;
+    if (refill && rel_tile >= 0 && rel_tile + kStages < ntiles) {
+      issue(rel_tile + kStages, rel_stage,
+            lane < C::kMaxTilePages ? refill_table_s[rel_stage * C::kMaxTilePages + lane] : -1);
+      if (rel_tile + 2 * kStages < ntiles) {
+        pending_entry = load_entry(rel_tile + 2 * kStages);
+        pending_stage = rel_stage;
       }
     }
     if (++stage == kStages) {
@@ -1889,6 +1972,10 @@ __global__ void __launch_bounds__(
     }
   }
 
+  if constexpr (kDeferPv) {  // the last tile's P.V
+    if (pv_ready) deferred_pv();
+    WgmmaWaitAll();
+  }
 #ifdef JAX_PAGED_TRACE
   t_loop_end = GlobalTimerNs();
   c_loop_end = clock64();
@@ -2086,14 +2173,15 @@ struct GroupedInstance {
   int threads;                         // GroupedConfig::kCtaThreads
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
-          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
+          int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
+          bool kDeferPv = false>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                           kWarpgroups>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                  kWarpgroups>,
+                                  kWarpgroups, kDeferPv>,
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
           C::kCtaThreads};
 }
@@ -2124,6 +2212,15 @@ inline bool WgmmaEnabled(int device) {
 // count, measured as fast to 6.8% slower; removed, in the history at 5580278.)
 inline bool Wgmma128Enabled() {
   static const bool enabled = EnvIs("JAX_PAGED_WGMMA_128", "1");
+  return enabled;
+}
+// Whether those 128-row CTAs issue each tile's P.V at the next tile, so that it and
+// the Q.K after it both run over that tile's softmax (kDeferPv): development,
+// JAX_PAGED_WGMMA_DEFER_PV=1 with JAX_PAGED_WGMMA_128=1 (read once). Built, not yet
+// run on a GPU (forty-first session): the wgmma form's arithmetic is what bounds
+// group 8, and each warpgroup otherwise waits for its P.V with nothing to do.
+inline bool WgmmaDeferPvEnabled() {
+  static const bool enabled = EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "1");
   return enabled;
 }
 
@@ -2214,7 +2311,7 @@ GroupedInstance WgmmaRowSplitInstance(int block_size);
 // Its 128-row CTAs (two warpgroups; development, JAX_PAGED_WGMMA_128=1), in the same
 // translation units.
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size);
+GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv);
 // Its fp8 form (WgmmaFp8RowSplitAvailable; 16-token pages), in
 // cuda/ffi/wgmma_grouped_fp8e4m3.cu.
 template <int D>
@@ -2244,20 +2341,21 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // the row split's ldmatrix addresses fold into immediates), the others read it
 // at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
-          bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1>
+          bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
+          bool kDeferPv = false>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
       case 8:
         return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups>();
+                                 kWarpgroups, kDeferPv>();
       case 16:
         return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups>();
+                                 kWarpgroups, kDeferPv>();
       default:
         return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups>();
+                                 kWarpgroups, kDeferPv>();
     }
   } else {
     return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma, kHalfRows>();
@@ -2288,7 +2386,9 @@ GroupedInstance WgmmaRowSplitInstance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
 }
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size) {
+GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv) {
+  if (defer_pv)
+    return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size);
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
 }
 template <int D>
@@ -2332,12 +2432,14 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
     if (WgmmaEnabled(device)) {
       if (EncodeValueTensorMap<T, D>(p, v_map)) {
         if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled()) {
+          const bool defer_pv = WgmmaDeferPvEnabled();
           static std::atomic<bool> told{false};
           if (!told.exchange(true))
-            std::fputs("jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups; "
-                       "development)\n",
-                       stderr);
-          return WgmmaRowSplit128Instance<T, D>(p.block_size);
+            std::fprintf(stderr,
+                         "jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups%s; "
+                         "development)\n",
+                         defer_pv ? ", each P.V issued at the next tile" : "");
+          return WgmmaRowSplit128Instance<T, D>(p.block_size, defer_pv);
         }
         return WgmmaRowSplitInstance<T, D>(p.block_size);
       }
@@ -2422,7 +2524,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   template jax_paged::cuda::grouped::GroupedInstance                               \
   jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);                      \
   template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int);
+  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, bool);
 
 // The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \

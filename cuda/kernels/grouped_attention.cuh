@@ -1332,35 +1332,46 @@ __global__ void __launch_bounds__(
     }
   };
 
+  // O *= a: row gid by a[0], row gid + 8 by a[1] (not computed with kHalfRows).
+  auto scale_o = [&](const float (&a)[2]) {
+#pragma unroll
+    for (int n = 0; n < C::kNTiles; ++n) {
+      o[n][0] *= a[0];
+      o[n][1] *= a[0];
+      if constexpr (!kHalfRows) {
+        o[n][2] *= a[1];
+        o[n][3] *= a[1];
+      }
+    }
+  };
+  // wgmma (16-bit caches): O (64 rows x D) += P V of a tile, P's A fragments pa, its
+  // stage's V at vb; 16 tokens x up to 64 dims per product (V's tokens without data
+  // were zeroed by zero_v_without_data).
+  auto issue_pv = [&](const uint32_t (&pa)[kSub][4], uint32_t vb) {
+    if constexpr (kWgmma && !kFp8) {
+      WgmmaFence();
+#pragma unroll
+      for (int h = 0; h < kSub; ++h)
+        WgmmaAccAll<TM, 0>(o, pa[h], [&](int d0) {
+          return WithStart(v_desc, vb + wg_v_off[h] + static_cast<uint32_t>(d0 * BS) * 2u);
+        });
+      WgmmaCommit();
+    }
+  };
+
   int stage = 0;
   uint32_t phase = 0;
   Mask next_mask = 0u;  // wgmma: tile k's mask, from iteration k - 1 (or the prologue)
   // kDeferPv: the previous tile's P (A fragments), its rows' rescale factors and its
   // stage's V address, when it has a P.V still to issue (pv_ready).
-  uint32_t pv_pa[kDeferPv ? kSub : 1][4];
+  uint32_t pv_pa[kSub][4];
   float pv_alpha[2] = {1.0f, 1.0f};
   uint32_t pv_vbase = 0;
   bool pv_ready = false;
-  // O *= pv_alpha (rows gid, gid + 8), then O += P V of the tile whose P is pv_pa.
+  // O *= pv_alpha, then O += P V of the tile whose P is pv_pa.
   auto deferred_pv = [&] {
-    if constexpr (kDeferPv) {
-      if (__any_sync(0xffffffffu, pv_alpha[0] != 1.0f || pv_alpha[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < C::kNTiles; ++n) {
-          o[n][0] *= pv_alpha[0];
-          o[n][1] *= pv_alpha[0];
-          o[n][2] *= pv_alpha[1];
-          o[n][3] *= pv_alpha[1];
-        }
-      }
-      WgmmaFence();
-#pragma unroll
-      for (int h = 0; h < kSub; ++h)
-        WgmmaAccAll<TM, 0>(o, pv_pa[h], [&](int d0) {
-          return WithStart(v_desc, pv_vbase + wg_v_off[h] + static_cast<uint32_t>(d0 * BS) * 2u);
-        });
-      WgmmaCommit();
-    }
+    if (__any_sync(0xffffffffu, pv_alpha[0] != 1.0f || pv_alpha[1] != 1.0f)) scale_o(pv_alpha);
+    issue_pv(pv_pa, pv_vbase);
   };
   if constexpr (kWgmma) {
     MbarWait(bar0, 0u);
@@ -1624,17 +1635,7 @@ __global__ void __launch_bounds__(
       // probabilities stay <= 2^kLazyRescale (fp32 sums, P rounded to 16 bits
       // with the same relative error).
       constexpr bool kLazy = kRowSplit && !kWgmma;
-      auto rescale_o = [&] {
-#pragma unroll
-        for (int n = 0; n < C::kNTiles; ++n) {
-          o[n][0] *= alpha[0];
-          o[n][1] *= alpha[0];
-          if constexpr (!kHalfRows) {
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-          }
-        }
-      };
+      auto rescale_o = [&] { scale_o(alpha); };
       bool rescale = true;
       if constexpr (kLazy)
         rescale = __any_sync(0xffffffffu, mx[0] > m_run[0] + kLazyRescale ||
@@ -1755,15 +1756,7 @@ __global__ void __launch_bounds__(
             }
           WgmmaCommit();
         } else if constexpr (kWgmma) {
-          // O (64 rows x D) += P V, 16 tokens x up to 64 dims per product; V's
-          // tokens without data were zeroed by zero_v_without_data.
-          WgmmaFence();
-#pragma unroll
-          for (int h = 0; h < kSub; ++h)
-            WgmmaAccAll<TM, 0>(o, paw[h], [&](int d0) {
-              return WithStart(v_desc, vbase + wg_v_off[h] + static_cast<uint32_t>(d0 * BS) * 2u);
-            });
-          WgmmaCommit();
+          issue_pv(paw, vbase);
         } else if constexpr (kFp8) {
           // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h)
           // of dim gid.

@@ -50,7 +50,8 @@ def pct(values: np.ndarray, qs=(0, 50, 90, 100)) -> str:
 
 def trace_once(fn, args, capacity: int) -> np.ndarray:
     """Runs fn(*args) once with a fresh zeroed trace buffer; rows of CTAs
-    that wrote (an empty partition's early exit writes nothing)."""
+    that reached their exit (an empty partition's early exit leaves the exit
+    word zero: thread 0 writes a row's words as it takes them)."""
     buf = jax.block_until_ready(jnp.zeros((capacity * WORDS * 2,), jnp.uint32))  # on the GPU
     _native.cuda_module.set_grouped_trace(buf.unsafe_buffer_pointer(), capacity)
     try:
@@ -58,7 +59,7 @@ def trace_once(fn, args, capacity: int) -> np.ndarray:
     finally:
         _native.cuda_module.set_grouped_trace(0, 0)
     rows = np.asarray(buf).view(np.uint64).reshape(capacity, WORDS)
-    return rows[rows[:, 0] != 0]
+    return rows[rows[:, 3] != 0]
 
 
 def main() -> int:

@@ -516,10 +516,23 @@ __global__ void __launch_bounds__(
                 "half rows: the plain mma decode step");
   constexpr int kFragRows = kHalfRows ? 1 : 2;  // fragment rows (gid, gid + 8) computed
 #ifdef JAX_PAGED_TRACE
-  const unsigned long long t_entry = GlobalTimerNs();
-  const long long c_entry = clock64();
-  unsigned long long t_first = 0, t_loop_end = 0, t_all_loops = 0, t_merged = 0;
-  unsigned long long t_issued = 0, t_staged = 0;
+  // Thread 0 stores each of the CTA's timestamps into its trace row when it takes it
+  // (the row's entry clock first, replaced by a difference at the exit), and the row's
+  // address is computed where it is used, so that nothing is held in registers across
+  // the tile loop: held, the timestamps made the 255-register deferred-P.V kernels
+  // spill. A CTA that exits early leaves its exit word zero.
+  auto trace_row = [&]() -> unsigned long long* {
+    const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *
+                                         (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+    return threadIdx.x == 0 && p.trace != nullptr && cta < p.trace_capacity
+               ? p.trace + cta * kTraceWords
+               : nullptr;
+  };
+  if (unsigned long long* row = trace_row()) {
+    row[0] = GlobalTimerNs();
+    row[6] = static_cast<unsigned long long>(clock64());
+  }
+  unsigned long long t_loop_end = 0, t_all_loops = 0, t_merged = 0;
   long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
@@ -734,7 +747,7 @@ __global__ void __launch_bounds__(
       first_entries[i] = kStages + i < ntiles ? load_entry(kStages + i) : -1;
   }
 #ifdef JAX_PAGED_TRACE
-  t_issued = GlobalTimerNs();
+  if (unsigned long long* row = trace_row()) row[10] = GlobalTimerNs();
 #endif
   AllowDependentLaunch();  // the reduce (if any) may now be scheduled; it waits for us
 
@@ -1160,7 +1173,7 @@ __global__ void __launch_bounds__(
     if (warp == 0 && kStages - 1 < ntiles) issue(kStages - 1, kStages - 1, last_first_entry);
   }
 #ifdef JAX_PAGED_TRACE
-  t_staged = GlobalTimerNs();
+  if (unsigned long long* row = trace_row()) row[11] = GlobalTimerNs();
 #endif
 
   // wgmma (64-row CTAs, kWgmma): the pages as the tensor cores' B operands, read
@@ -1393,7 +1406,9 @@ __global__ void __launch_bounds__(
       smask = tile_mask(k, stage);
     }
 #ifdef JAX_PAGED_TRACE
-    if (k == 0) t_first = GlobalTimerNs();
+    if (k == 0) {
+      if (unsigned long long* row = trace_row()) row[1] = GlobalTimerNs();
+    }
 #endif
     const int tile_tok0 = (start_blk + k * ppt) << log2_bs;
     const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
@@ -2132,24 +2147,17 @@ __global__ void __launch_bounds__(
   }  // (kRegIO)
 #ifdef JAX_PAGED_TRACE
   __syncthreads();  // every output of the CTA written
-  const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) *
-                                       (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
-  if (tid == 0 && p.trace != nullptr && cta < p.trace_capacity) {
-    unsigned long long* row = p.trace + cta * kTraceWords;
-    row[0] = t_entry;
-    row[1] = t_first;
+  if (unsigned long long* row = trace_row()) {
     row[2] = t_loop_end;
     row[3] = GlobalTimerNs();
     row[4] = SmId();
     row[5] = static_cast<unsigned long long>(ntiles);
     // SM clock cycles (exact where %globaltimer may tick coarsely): entry ->
-    // loop end, loop end -> exit.
-    row[6] = static_cast<unsigned long long>(c_loop_end - c_entry);
+    // loop end (row[6] held the entry clock), loop end -> exit.
+    row[6] = static_cast<unsigned long long>(c_loop_end) - row[6];
     row[7] = static_cast<unsigned long long>(clock64() - c_loop_end);
     row[8] = t_all_loops;
     row[9] = t_merged;
-    row[10] = t_issued;
-    row[11] = t_staged;
   }
 #endif
 #endif  // JAX_PAGED_GROUPED_SM90

@@ -159,6 +159,18 @@ __device__ __forceinline__ void TensorCopy2dG2S(uint32_t dst, const CUtensorMap*
 }
 #endif  // JAX_PAGED_GROUPED_SM90
 
+// Hardware barrier kId (1..15; 0 is __syncthreads') of kThreads threads (a multiple of
+// 32): Sync waits for all of them, Arrive counts the caller's warp and goes on. (The id
+// an immediate: with a register id ptxas reserves all 16 barriers.)
+template <int kId, int kThreads>
+__device__ __forceinline__ void NamedBarrierSync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+}
+template <int kId, int kThreads>
+__device__ __forceinline__ void NamedBarrierArrive() {
+  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -482,7 +494,9 @@ constexpr bool kPlainAllValid = false;
 // P.V is issued at the start of tile k + 1, so that it and tile k + 2's Q.K both run
 // while tile k + 1's softmax computes; each iteration ends with every product done
 // (nothing in flight across the loop's back edge) and releases the stage of the
-// tile before.
+// tile before. Built with JAX_PAGED_WGMMA_PINGPONG (a CMake option, development) the
+// deferred form's two warpgroups also take turns at issuing their products (kPingPong
+// below) and release stages on their own.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
           bool kDeferPv = false>
@@ -730,6 +744,30 @@ __global__ void __launch_bounds__(
   // (Deferred P.V: a stage is refilled a tile later, which the two warpgroups' six
   // stages allow: tile k + 1 was issued at the release of tile k + 1 - kStages.)
   static_assert(!kDeferPv || (kWarpgroups == 2 && kStages >= 4), "deferred P.V: 128-row CTAs");
+  // kPingPong (the deferred form built with JAX_PAGED_WGMMA_PINGPONG; development): the
+  // two warpgroups take turns at issuing their tile's products (each waits for its turn
+  // after the other's issue, then hands the turn back), so that the tensor cores can
+  // run one warpgroup's products while the other packs P, rescales O or releases its
+  // stage, where after a CTA barrier per tile both do that at once
+  // (FlashAttention-3's ping-pong schedule). Stages are then released per warpgroup
+  // (a named barrier of its 128 threads, then a count; the second warpgroup's release
+  // refills), with no CTA barrier in the loop but a rare one after zeroing V's
+  // tokens without data. Warpgroup 0 is at most one tile ahead of warpgroup 1.
+#ifdef JAX_PAGED_WGMMA_PINGPONG
+  constexpr bool kPingPong = kDeferPv;
+#else
+  constexpr bool kPingPong = false;
+#endif
+  // Barriers: 1 + g, warpgroup g's own (its stage release); 3 + g, its turn.
+  auto warpgroup_sync = [&] {
+    if (warp < 4) NamedBarrierSync<1, 128>(); else NamedBarrierSync<2, 128>();
+  };
+  auto wait_turn = [&] {
+    if (warp < 4) NamedBarrierSync<3, 256>(); else NamedBarrierSync<4, 256>();
+  };
+  auto pass_turn = [&] {
+    if (warp < 4) NamedBarrierArrive<4, 256>(); else NamedBarrierArrive<3, 256>();
+  };
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
@@ -1397,6 +1435,9 @@ __global__ void __launch_bounds__(
     __syncthreads();
     WgmmaWaitAll();
   }
+  if constexpr (kPingPong) {
+    if (warp >= 4) pass_turn();  // warpgroup 0 issues first
+  }
   for (int k = 0; k < ntiles; ++k) {
     Mask smask;
     if constexpr (kWgmma) {
@@ -1414,7 +1455,7 @@ __global__ void __launch_bounds__(
     const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
     // wgmma: tile k + 1 (waited for here), its Q.K issued before tile k's softmax.
     const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
-    if constexpr (kDeferPv) {
+    if constexpr (kDeferPv && !kPingPong) {
       if (pv_ready) deferred_pv();  // tile k - 1's P.V, running while tile k's softmax computes
     }
     if constexpr (kWgmma) {
@@ -1423,6 +1464,10 @@ __global__ void __launch_bounds__(
         MbarWait(bar0 + 8 * next_stage, next_stage == 0 ? phase ^ 1u : phase);
         next_mask = tile_mask(k + 1, next_stage);
       }
+    }
+    if constexpr (kPingPong) {  // this warpgroup's turn (its data waited for first)
+      wait_turn();
+      if (pv_ready) deferred_pv();
     }
     // kDeferPv: tile k's S out of s_next, then tile k + 1's Q.K issued at this one place
     // every tile, also when tile k + 1 has no data or does not exist (its S is then
@@ -1441,6 +1486,7 @@ __global__ void __launch_bounds__(
             for (int e = 0; e < 4; ++e) s_cur[h][nt][e] = s_next[h][nt][e];
       }
       issue_qk(next_stage, s_next);
+      if constexpr (kPingPong) pass_turn();
     }
     // (Row split: a warp whose row block is past the CTA's rows computes nothing.)
     // (wgmma: every warp of the warpgroup takes part; smask is CTA-uniform there.)
@@ -1924,6 +1970,9 @@ __global__ void __launch_bounds__(
       if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
         zero_v_without_data(next_stage, next_mask);
         FenceProxyAsyncShared();
+        // (kPingPong: each warpgroup zeroes its share of the rows, and both see every
+        // zero before their P.V of that tile. Rare: a partition's last tile, as a rule.)
+        if constexpr (kPingPong) __syncthreads();
       }
       WgmmaWaitAll();
       if constexpr (kDeferPv) pv_ready = smask != 0u;
@@ -1943,7 +1992,27 @@ __global__ void __launch_bounds__(
       pending_stage = -1;
     }
     bool refill;
-    if constexpr (kCtaBarrier) {
+    if constexpr (kPingPong) {
+      // The warpgroup's 4 warps done with the tile before's stage (their products
+      // waited for above; the table stores above), then its first warp counts the
+      // release; the warpgroup whose count is the second refills (fences as in the
+      // decode kernels). Tile 0 has no tile before: nothing to count.
+      const int prev_stage = stage == 0 ? kStages - 1 : stage - 1;
+      warpgroup_sync();
+      uint32_t released = 0u;
+      if (k > 0 && (warp & 3) == 0) {
+        if (lane == 0) {
+          __threadfence_block();
+          released = atomicAdd(release_count_s + prev_stage, 1u) + 1u;
+        }
+        released = __shfl_sync(0xffffffffu, released, 0);
+      }
+      refill = released == static_cast<uint32_t>(kWarpgroups);
+      if (refill) {
+        __threadfence_block();
+        if (lane == 0) release_count_s[prev_stage] = 0u;  // before the refill's arrival
+      }
+    } else if constexpr (kCtaBarrier) {
       __syncthreads();
       refill = warp == 0;
     } else {
@@ -1983,6 +2052,11 @@ __global__ void __launch_bounds__(
   if constexpr (kDeferPv) {  // the last tile's P.V
     if (pv_ready) deferred_pv();
     WgmmaWaitAll();
+  }
+  if constexpr (kPingPong) {
+    // Warpgroup 1's last turn handed to warpgroup 0 (one arrival more than its
+    // waits): taken, so that no barrier is left part-way at the exit.
+    if (warp < 4) wait_turn();
   }
 #ifdef JAX_PAGED_TRACE
   t_loop_end = GlobalTimerNs();

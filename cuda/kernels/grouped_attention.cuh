@@ -2291,9 +2291,12 @@ inline bool Wgmma128Enabled() {
 }
 // Whether those 128-row CTAs issue each tile's P.V at the next tile, so that it and
 // the Q.K after it both run over that tile's softmax (kDeferPv): development,
-// JAX_PAGED_WGMMA_DEFER_PV=1 with JAX_PAGED_WGMMA_128=1 (read once). Built, not yet
-// run on a GPU (forty-first session): the wgmma form's arithmetic is what bounds
-// group 8, and each warpgroup otherwise waits for its P.V with nothing to do.
+// JAX_PAGED_WGMMA_DEFER_PV=1 with JAX_PAGED_WGMMA_128=1 (read once). The wgmma form's
+// arithmetic is what bounds group 8, and each warpgroup otherwise waits for its P.V with
+// nothing to do. Measured on an H100 (forty-second session, BENCHMARKS.md): q_len 16
+// 3.6-7.7% faster than the 64-row CTAs at 80, 128 and 256 rows per KV head, though its
+// arithmetic alone (PROBE_NO_LOADS) is 5-11% slower than theirs; not the default until
+// the GPU suite and memcheck have run with it.
 inline bool WgmmaDeferPvEnabled() {
   static const bool enabled = EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "1");
   return enabled;

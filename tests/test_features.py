@@ -1162,22 +1162,27 @@ def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("defer_pv", [False, True])
-def test_gpu_wgmma_128_rows(defer_pv):
+@pytest.mark.parametrize("schedule", ["barrier", "defer_pv", "ping_pong"])
+def test_gpu_wgmma_128_rows(schedule):
     """The wgmma form's 128-row CTAs (development, JAX_PAGED_WGMMA_128=1, read once per
-    process, so in a pytest run of its own), and with JAX_PAGED_WGMMA_DEFER_PV=1 their
-    form that issues each tile's P.V at the next tile: the 128-rows test at every head
-    size and block size it has, and the uneven-rows test's 16-bit wgmma case (80 and 128
-    rows with ALiBi that makes the running maxima grow, so that the deferred O rescales
-    run). The launcher says once on stderr which form ran."""
+    process, so in a pytest run of its own), with JAX_PAGED_WGMMA_DEFER_PV=1 their form
+    that issues each tile's P.V at the next tile, and with JAX_PAGED_WGMMA_PINGPONG=1 as
+    well that form's warpgroups taking turns at their products: the 128-rows test at
+    every head size and block size it has, and the uneven-rows test's 16-bit wgmma case
+    (80 and 128 rows with ALiBi that makes the running maxima grow, so that the deferred
+    O rescales run). The launcher says once on stderr which form ran."""
     cases = [f"test_gpu_row_split_128_rows[{c}]" for c in (
         "128-16-bfloat16", "128-8-float16", "128-32-bfloat16", "96-16-float16",
         "80-32-bfloat16", "112-8-bfloat16")]
     cases += ["test_gpu_row_split_uneven_rows_with_alibi[128-16-float16-float16]"]
-    proc = _run_cases_in_own_process(cases, JAX_PAGED_WGMMA_128="1",
-                                     JAX_PAGED_WGMMA_DEFER_PV="1" if defer_pv else "0")
-    notice = "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups" + (
-        ", each P.V issued at the next tile;" if defer_pv else ";")
+    proc = _run_cases_in_own_process(
+        cases, JAX_PAGED_WGMMA_128="1",
+        JAX_PAGED_WGMMA_DEFER_PV="0" if schedule == "barrier" else "1",
+        JAX_PAGED_WGMMA_PINGPONG="1" if schedule == "ping_pong" else "0")
+    notice = "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups" + {
+        "barrier": ";", "defer_pv": ", each P.V issued at the next tile;",
+        "ping_pong": ", each P.V issued at the next tile, taking turns at their products;",
+    }[schedule]
     assert notice in proc.stderr, "the 128-row form did not run: " + proc.stderr[-2000:]
 
 

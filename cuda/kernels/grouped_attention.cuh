@@ -494,12 +494,11 @@ constexpr bool kPlainAllValid = false;
 // P.V is issued at the start of tile k + 1, so that it and tile k + 2's Q.K both run
 // while tile k + 1's softmax computes; each iteration ends with every product done
 // (nothing in flight across the loop's back edge) and releases the stage of the
-// tile before. Built with JAX_PAGED_WGMMA_PINGPONG (a CMake option, development) the
-// deferred form's two warpgroups also take turns at issuing their products (kPingPong
-// below) and release stages on their own.
+// tile before. kSchedule (the 128-row CTAs' schedule): 0, a CTA barrier per tile; 1,
+// kDeferPv; 2, kDeferPv and kPingPong (below; development, JAX_PAGED_WGMMA_PINGPONG=1).
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          int kSchedule = 0>
 __global__ void __launch_bounds__(
     (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                    kWarpgroups>::kCtaThreads),
@@ -743,8 +742,9 @@ __global__ void __launch_bounds__(
   static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8), "two warpgroups: kRegIO");
   // (Deferred P.V: a stage is refilled a tile later, which the two warpgroups' six
   // stages allow: tile k + 1 was issued at the release of tile k + 1 - kStages.)
+  constexpr bool kDeferPv = kSchedule >= 1;
   static_assert(!kDeferPv || (kWarpgroups == 2 && kStages >= 4), "deferred P.V: 128-row CTAs");
-  // kPingPong (the deferred form built with JAX_PAGED_WGMMA_PINGPONG; development): the
+  // kPingPong (kSchedule 2, the deferred form; development, JAX_PAGED_WGMMA_PINGPONG=1): the
   // two warpgroups take turns at issuing their tile's products (each waits for its turn
   // after the other's issue, then hands the turn back), so that the tensor cores can
   // run one warpgroup's products while the other packs P, rescales O or releases its
@@ -753,11 +753,7 @@ __global__ void __launch_bounds__(
   // (a named barrier of its 128 threads, then a count; the second warpgroup's release
   // refills), with no CTA barrier in the loop but a rare one after zeroing V's
   // tokens without data. Warpgroup 0 is at most one tile ahead of warpgroup 1.
-#ifdef JAX_PAGED_WGMMA_PINGPONG
-  constexpr bool kPingPong = kDeferPv;
-#else
-  constexpr bool kPingPong = false;
-#endif
+  constexpr bool kPingPong = kSchedule == 2;
   // Barriers: 1 + g, warpgroup g's own (its stage release); 3 + g, its turn.
   auto warpgroup_sync = [&] {
     if (warp < 4) NamedBarrierSync<1, 128>(); else NamedBarrierSync<2, 128>();
@@ -2249,14 +2245,14 @@ struct GroupedInstance {
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          int kSchedule = 0>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                           kWarpgroups>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                  kWarpgroups, kDeferPv>,
+                                  kWarpgroups, kSchedule>,
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
           C::kCtaThreads};
 }
@@ -2297,9 +2293,15 @@ inline bool Wgmma128Enabled() {
 // 3.6-7.7% faster than the 64-row CTAs at 80, 128 and 256 rows per KV head, though its
 // arithmetic alone (PROBE_NO_LOADS) is 5-11% slower than theirs; not the default until
 // the GPU suite and memcheck have run with it.
-inline bool WgmmaDeferPvEnabled() {
-  static const bool enabled = EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "1");
-  return enabled;
+// With JAX_PAGED_WGMMA_PINGPONG=1 as well (development, forty-second session; built, not
+// yet run on a GPU), the deferred form's warpgroups take turns at issuing their products
+// and release stages on their own (kPingPong). The schedule (the kernel's kSchedule): 0,
+// a CTA barrier per tile; 1, deferred P.V; 2, deferred P.V and turns.
+inline int Wgmma128Schedule() {
+  static const int schedule = !EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "1")   ? 0
+                              : EnvIs("JAX_PAGED_WGMMA_PINGPONG", "1") ? 2
+                                                                       : 1;
+  return schedule;
 }
 
 // Whether the fp8 64-row CTAs run their wgmma form (kWgmma with fp8 caches;
@@ -2389,7 +2391,7 @@ GroupedInstance WgmmaRowSplitInstance(int block_size);
 // Its 128-row CTAs (two warpgroups; development, JAX_PAGED_WGMMA_128=1), in the same
 // translation units.
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv);
+GroupedInstance WgmmaRowSplit128Instance(int block_size, int schedule);
 // Its fp8 form (WgmmaFp8RowSplitAvailable; 16-token pages), in
 // cuda/ffi/wgmma_grouped_fp8e4m3.cu.
 template <int D>
@@ -2420,20 +2422,20 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
           bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          int kSchedule = 0>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
       case 8:
         return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups, kSchedule>();
       case 16:
         return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups, kSchedule>();
       default:
         return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups, kSchedule>();
     }
   } else {
     return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma, kHalfRows>();
@@ -2464,10 +2466,15 @@ GroupedInstance WgmmaRowSplitInstance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
 }
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv) {
-  if (defer_pv)
-    return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size);
-  return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
+GroupedInstance WgmmaRowSplit128Instance(int block_size, int schedule) {
+  switch (schedule) {  // Wgmma128Schedule
+    case 2:
+      return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, 2>(block_size);
+    case 1:
+      return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, 1>(block_size);
+    default:
+      return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
+  }
 }
 template <int D>
 GroupedInstance WgmmaFp8RowSplitInstance() {
@@ -2510,14 +2517,15 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
     if (WgmmaEnabled(device)) {
       if (EncodeValueTensorMap<T, D>(p, v_map)) {
         if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled()) {
-          const bool defer_pv = WgmmaDeferPvEnabled();
+          const int schedule = Wgmma128Schedule();
           static std::atomic<bool> told{false};
           if (!told.exchange(true))
             std::fprintf(stderr,
-                         "jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups%s; "
+                         "jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups%s%s; "
                          "development)\n",
-                         defer_pv ? ", each P.V issued at the next tile" : "");
-          return WgmmaRowSplit128Instance<T, D>(p.block_size, defer_pv);
+                         schedule >= 1 ? ", each P.V issued at the next tile" : "",
+                         schedule == 2 ? ", taking turns at their products" : "");
+          return WgmmaRowSplit128Instance<T, D>(p.block_size, schedule);
         }
         return WgmmaRowSplitInstance<T, D>(p.block_size);
       }
@@ -2602,7 +2610,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   template jax_paged::cuda::grouped::GroupedInstance                               \
   jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);                      \
   template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, bool);
+  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, int);
 
 // The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \

@@ -1992,7 +1992,10 @@ __global__ void __launch_bounds__(
       // The warpgroup's 4 warps done with the tile before's stage (their products
       // waited for above; the table stores above), then its first warp counts the
       // release; the warpgroup whose count is the second refills (fences as in the
-      // decode kernels). Tile 0 has no tile before: nothing to count.
+      // decode kernels). Tile 0 has no tile before: nothing to count. (The decode
+      // kernels' count release below, per warpgroup. One lambda for both swapped two
+      // moves in the default mma.sync row-split kernels' SASS, so they stay apart
+      // until this form is measured.)
       const int prev_stage = stage == 0 ? kStages - 1 : stage - 1;
       warpgroup_sync();
       uint32_t released = 0u;

@@ -60,9 +60,9 @@ ATTENTION_CASES = [
     # fourth row block empty); on compute capability 9.0 its wgmma form, whose V pages
     # come through the value cache's tensor map.
     ("float16", 96, 16, 32, 2, [1, 40, 530], False),
-    # Group 48 at head 128: q_len 3 gives 144 rows per KV head: three 64-row CTAs, or
-    # under JAX_PAGED_WGMMA_128=1 (development) a 128-row CTA of two warpgroups and a
-    # chunk of 16 rows; 2100 tokens split into partitions.
+    # Group 48 at head 128: q_len 3 gives 144 rows per KV head: on compute capability
+    # 9.0 a 128-row CTA of two warpgroups and a chunk of 16 rows (the default), or
+    # under JAX_PAGED_WGMMA_128=0 three 64-row CTAs; 2100 tokens split into partitions.
     ("bfloat16", 128, 16, 48, 1, [1, 40, 2100], False),
 ]
 

@@ -1135,9 +1135,11 @@ def test_gpu_row_split_many_items(head_size, block_size, cache_dtype, monkeypatc
     (128, 16, jnp.bfloat16), (128, 8, jnp.float16), (128, 32, jnp.bfloat16),
     (96, 16, jnp.float16), (80, 32, jnp.bfloat16), (112, 8, jnp.bfloat16)])
 def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
-    """KV heads of more than 64 query rows with 16-bit caches: two or more 64-row CTAs,
-    or with JAX_PAGED_WGMMA_128=1 (development; test_gpu_wgmma_128_rows runs this test
-    under it) the wgmma form's 128-row CTAs, two warpgroups over shared stages. Rows per
+    """KV heads of more than 64 query rows with 16-bit caches: on compute capability 9.0
+    the wgmma form's 128-row CTAs, two warpgroups over shared stages, each tile's P.V
+    issued at the next tile (the default; test_gpu_wgmma_128_rows runs this test under
+    the other schedules and under JAX_PAGED_WGMMA_128=0, two or more 64-row CTAs, which
+    other GPUs run). Rows per
     KV head: 128 (group 8 at q_len 16: one full CTA), 72 (the second warpgroup's first
     warp half full, its other three empty), 132 and 208 (groups of 12 and 16 at q_len 11
     and 13, one KV head: two 128-row CTAs of 66 and 104 rows, whose few work items the
@@ -1162,23 +1164,29 @@ def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("schedule", ["barrier", "defer_pv", "ping_pong"])
+@pytest.mark.parametrize("schedule", ["off", "barrier", "defer_pv", "ping_pong"])
 def test_gpu_wgmma_128_rows(schedule):
-    """The wgmma form's 128-row CTAs (development, JAX_PAGED_WGMMA_128=1, read once per
-    process, so in a pytest run of its own), with JAX_PAGED_WGMMA_DEFER_PV=1 their form
-    that issues each tile's P.V at the next tile, and with JAX_PAGED_WGMMA_PINGPONG=1 as
-    well that form's warpgroups taking turns at their products: the 128-rows test at
+    """KV heads of more than 64 rows under each of the wgmma form's switches (read once
+    per process, so in a pytest run of its own): JAX_PAGED_WGMMA_128=0, two or more
+    64-row CTAs; =1, its 128-row CTAs, with JAX_PAGED_WGMMA_DEFER_PV=0 in the form with a
+    CTA barrier per tile, with =1 (the default) the form that issues each tile's P.V at
+    the next tile, and with JAX_PAGED_WGMMA_PINGPONG=1 as well (development) that form's
+    warpgroups taking turns at their products: the 128-rows test at
     every head size and block size it has, and the uneven-rows test's 16-bit wgmma case
     (80 and 128 rows with ALiBi that makes the running maxima grow, so that the deferred
-    O rescales run). The launcher says once on stderr which form ran."""
+    O rescales run). The launcher says once on stderr which 128-row form ran (and
+    nothing with the switch off)."""
     cases = [f"test_gpu_row_split_128_rows[{c}]" for c in (
         "128-16-bfloat16", "128-8-float16", "128-32-bfloat16", "96-16-float16",
         "80-32-bfloat16", "112-8-bfloat16")]
     cases += ["test_gpu_row_split_uneven_rows_with_alibi[128-16-float16-float16]"]
     proc = _run_cases_in_own_process(
-        cases, JAX_PAGED_WGMMA_128="1",
+        cases, JAX_PAGED_WGMMA_128="0" if schedule == "off" else "1",
         JAX_PAGED_WGMMA_DEFER_PV="0" if schedule == "barrier" else "1",
         JAX_PAGED_WGMMA_PINGPONG="1" if schedule == "ping_pong" else "0")
+    if schedule == "off":
+        assert "128-row wgmma CTAs" not in proc.stderr, proc.stderr[-2000:]
+        return
     notice = "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups" + {
         "barrier": ";", "defer_pv": ", each P.V issued at the next tile;",
         "ping_pong": ", each P.V issued at the next tile, taking turns at their products;",

@@ -52,9 +52,9 @@
 // fragments and its output written from the accumulators (no staging, no merge
 // buffer). (Persistent wgmma CTAs, walking many work items with the next item's
 // copies issued during the current one's last tiles, measured 0.3-3.4% slower
-// than one CTA per item: thirty-third session, BENCHMARKS.md.) Development
-// (JAX_PAGED_WGMMA_128=1, kWarpgroups): CTAs of 128 rows in two warpgroups over
-// shared stages, so that a KV head of more than 64 rows copies each page once.
+// than one CTA per item: thirty-third session, BENCHMARKS.md.) A KV head of more
+// than 64 rows (kWarpgroups; the default since the forty-third session) takes CTAs of
+// 128 rows in two warpgroups over shared stages, so that it copies each page once.
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the
@@ -486,11 +486,12 @@ constexpr bool kPlainAllValid = false;
 // kWgmma: the row split's warpgroup-product form (wgmma.cuh; the default on
 // compute capability 9.0).
 // kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
-// kWarpgroups (with kWgmma, 16-bit caches; development, JAX_PAGED_WGMMA_128=1): 2 for
+// kWarpgroups (with kWgmma, 16-bit caches; the default, JAX_PAGED_WGMMA_128=0 turns it
+// off): 2 for
 // CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same stages (warp w
 // holds row block w), so that a KV head of 65-128 rows copies each page once, not
 // once per 64-row CTA; one CTA per SM.
-// kDeferPv (with two warpgroups; development, JAX_PAGED_WGMMA_DEFER_PV=1): tile k's
+// kDeferPv (with two warpgroups; the default, JAX_PAGED_WGMMA_DEFER_PV=0 turns it off): tile k's
 // P.V is issued at the start of tile k + 1, so that it and tile k + 2's Q.K both run
 // while tile k + 1's softmax computes; each iteration ends with every product done
 // (nothing in flight across the loop's back edge) and releases the stage of the
@@ -2276,32 +2277,34 @@ inline bool WgmmaEnabled(int device) {
   return enabled && IsSm90(device);
 }
 // Whether a KV head of more than 64 query rows takes the wgmma form's 128-row CTAs (two
-// warpgroups over shared stages meeting at a CTA barrier per tile, one CTA per SM; more
-// than 128 rows in chunks of up to 128) instead of 64-row ones that each copy every page:
-// development, JAX_PAGED_WGMMA_128=1 (read once). Measured on the H200 (forty-first
+// warpgroups over shared stages, one CTA per SM; more than 128 rows in chunks of up to
+// 128) instead of 64-row ones that each copy every page: the default since the
+// forty-third session; JAX_PAGED_WGMMA_128=0 (read once) runs the 64-row CTAs. Measured on the H200 (forty-first
 // session, BENCHMARKS.md): the memory pipeline alone (PROBE_NO_COMPUTE) at q_len 16, 128
 // x 64 x 8 x 2048, takes 279.1 us against 402.3 in 64-row CTAs (each page into two SMs),
 // but the whole call only 496.5 against 508.3-513.0: it is bound by its arithmetic. (Its
 // warpgroups releasing stages on their own instead, each with a named barrier and a
 // count, measured as fast to 6.8% slower; removed, in the history at 5580278.)
 inline bool Wgmma128Enabled() {
-  static const bool enabled = EnvIs("JAX_PAGED_WGMMA_128", "1");
+  static const bool enabled = !EnvIs("JAX_PAGED_WGMMA_128", "0");
   return enabled;
 }
 // Whether those 128-row CTAs issue each tile's P.V at the next tile, so that it and
 // the Q.K after it both run over that tile's softmax (kDeferPv): development,
 // JAX_PAGED_WGMMA_DEFER_PV=1 with JAX_PAGED_WGMMA_128=1 (read once). The wgmma form's
 // arithmetic is what bounds group 8, and each warpgroup otherwise waits for its P.V with
-// nothing to do. Measured on an H100 (forty-second session, BENCHMARKS.md): q_len 16
-// 3.6-7.7% faster than the 64-row CTAs at 80, 128 and 256 rows per KV head, though its
-// arithmetic alone (PROBE_NO_LOADS) is 5-11% slower than theirs; not the default until
-// the GPU suite and memcheck have run with it.
-// With JAX_PAGED_WGMMA_PINGPONG=1 as well (development, forty-second session; built, not
-// yet run on a GPU), the deferred form's warpgroups take turns at issuing their products
-// and release stages on their own (kPingPong). The schedule (the kernel's kSchedule): 0,
-// a CTA barrier per tile; 1, deferred P.V; 2, deferred P.V and turns.
+// nothing to do. The default since the forty-third session; JAX_PAGED_WGMMA_DEFER_PV=0
+// (read once) gives the form with a CTA barrier per tile. Measured on H100s (forty-second
+// and forty-third sessions, BENCHMARKS.md): q_len 16 3.6-7.7% and 4.9-7.4% faster than the
+// 64-row CTAs at 80, 128 and 256 rows per KV head, though its arithmetic alone
+// (PROBE_NO_LOADS) is 5-11% slower than theirs; the GPU suite and memcheck passed with it
+// (forty-third session); not yet timed on an H200.
+// With JAX_PAGED_WGMMA_PINGPONG=1 (development), the deferred form's warpgroups take
+// turns at issuing their products and release stages on their own (kPingPong): 6-12%
+// slower than the deferred form on an H100 (forty-third session). The schedule (the
+// kernel's kSchedule): 0, a CTA barrier per tile; 1, deferred P.V; 2, deferred P.V and turns.
 inline int Wgmma128Schedule() {
-  static const int schedule = !EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "1")   ? 0
+  static const int schedule = EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "0")    ? 0
                               : EnvIs("JAX_PAGED_WGMMA_PINGPONG", "1") ? 2
                                                                        : 1;
   return schedule;
@@ -2391,7 +2394,7 @@ bool EncodeValueTensorMap(const PagedAttentionParams& p, CUtensorMap* map) {
 // built when JAX_PAGED_HAVE_WGMMA), which instantiate it per head size.
 template <typename T, int D>
 GroupedInstance WgmmaRowSplitInstance(int block_size);
-// Its 128-row CTAs (two warpgroups; development, JAX_PAGED_WGMMA_128=1), in the same
+// Its 128-row CTAs (two warpgroups; the default above 64 rows per KV head), in the same
 // translation units.
 template <typename T, int D>
 GroupedInstance WgmmaRowSplit128Instance(int block_size, int schedule);
@@ -2521,13 +2524,16 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
       if (EncodeValueTensorMap<T, D>(p, v_map)) {
         if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled()) {
           const int schedule = Wgmma128Schedule();
+          // (Said once when a switch asked for it or for another schedule; the default
+          // runs silently.)
           static std::atomic<bool> told{false};
-          if (!told.exchange(true))
+          if ((EnvIs("JAX_PAGED_WGMMA_128", "1") || schedule != 1) && !told.exchange(true))
             std::fprintf(stderr,
                          "jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups%s%s; "
-                         "development)\n",
+                         "%s)\n",
                          schedule >= 1 ? ", each P.V issued at the next tile" : "",
-                         schedule == 2 ? ", taking turns at their products" : "");
+                         schedule == 2 ? ", taking turns at their products" : "",
+                         schedule == 1 ? "the default" : "development");
           return WgmmaRowSplit128Instance<T, D>(p.block_size, schedule);
         }
         return WgmmaRowSplitInstance<T, D>(p.block_size);

@@ -14,6 +14,8 @@
 #   5. bench     benchmarks/bench_paged_attention.py (JSON + PNG)
 #   5b. decode   with DECODE_VARIANTS set: examples/generate.py once per variant
 #   6. summary   printed last, also written to summary.txt
+#   7. bundle    with BUNDLE=1: every other file of OUT packed into OUT/bundle.tar.gz (the
+#                device tool returns only a few files of OUT)
 #
 # Environment:
 #   OUT              where logs and results go (the device tool sets it; default ./out/gpu_check).
@@ -52,6 +54,7 @@
 #                    DECODE_VARIANTS="--kv-cache-dtype model;--kv-cache-dtype float8_e4m3fn"
 #   DECODE_ARGS      arguments common to every decode variant (default: the Llama-3-8B shapes with
 #                    4 layers, 32 requests of 1000-2000 prompt tokens, 128 new tokens each)
+#   BUNDLE=1         pack OUT's files except summary.txt into OUT/bundle.tar.gz at the end
 #   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT CEILING_TIMEOUT DECODE_TIMEOUT
 #                    seconds per stage (defaults 420 / 540 / 240 / 420 / 120 / 240)
 set -u -o pipefail
@@ -345,4 +348,14 @@ for s in "${STAGES[@]}"; do case ${RESULT[$s]} in FAILED*) FAILED=1 ;; esac; don
   echo "logs and results: $OUTDIR"
   if [ "$FAILED" -eq 0 ]; then echo "gpu_check: ALL STAGES OK"; else echo "gpu_check: SOME STAGES FAILED"; fi
 } | tee -a "$SUMMARY"
+
+# ---- 7. bundle (BUNDLE=1) ----------------------------------------------------
+# The device tool brings back a few files of OUT only (eight: a fifth bench JSON was
+# lost so in the forty-third session): everything but the summary into one archive.
+if [ "${BUNDLE:-0}" = 1 ]; then
+  (cd "$OUTDIR" && find . -maxdepth 1 -type f ! -name summary.txt ! -name bundle.tar.gz -printf '%f\n' \
+    | LC_ALL=C sort > .bundle_list && tar -czf bundle.tar.gz -T .bundle_list \
+    && xargs rm -f < .bundle_list; rm -f .bundle_list) \
+    && echo "bundle: $OUTDIR/bundle.tar.gz (tar -xzf it; summary.txt beside it)"
+fi
 exit "$FAILED"

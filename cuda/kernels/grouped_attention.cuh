@@ -2295,12 +2295,12 @@ inline bool Wgmma128Enabled() {
 // arithmetic is what bounds group 8, and each warpgroup otherwise waits for its P.V with
 // nothing to do. The default since the forty-third session; JAX_PAGED_WGMMA_DEFER_PV=0
 // (read once) gives the form with a CTA barrier per tile. Measured on H100s (forty-second
-// and forty-third sessions, BENCHMARKS.md): q_len 16 3.6-7.7% and 4.9-7.4% faster than the
-// 64-row CTAs at 80, 128 and 256 rows per KV head, though its arithmetic alone
+// and forty-third sessions, BENCHMARKS.md): q_len 16 3.1-7.7% faster than the 64-row CTAs
+// at 80, 128 and 256 rows per KV head in three runs, though its arithmetic alone
 // (PROBE_NO_LOADS) is 5-11% slower than theirs; the GPU suite and memcheck passed with it
 // (forty-third session); not yet timed on an H200.
 // With JAX_PAGED_WGMMA_PINGPONG=1 (development), the deferred form's warpgroups take
-// turns at issuing their products and release stages on their own (kPingPong): 6-12%
+// turns at issuing their products and release stages on their own (kPingPong): 9-12%
 // slower than the deferred form on an H100 (forty-third session). The schedule (the
 // kernel's kSchedule): 0, a CTA barrier per tile; 1, deferred P.V; 2, deferred P.V and turns.
 inline int Wgmma128Schedule() {

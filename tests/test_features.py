@@ -1164,15 +1164,14 @@ def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
 
 
 @requires_gpu
-@pytest.mark.parametrize("schedule", ["off", "barrier", "defer_pv", "ping_pong"])
+@pytest.mark.parametrize("schedule", ["off", "barrier", "defer_pv"])
 def test_gpu_wgmma_128_rows(schedule):
     """KV heads of more than 64 rows under each of the wgmma form's switches (read once
     per process, so in a pytest run of its own): JAX_PAGED_WGMMA_128=0, two or more
     64-row CTAs; =1, its 128-row CTAs, with JAX_PAGED_WGMMA_DEFER_PV=0 in the form with a
     CTA barrier per tile, with =1 (the default) the form that issues each tile's P.V at
-    the next tile, and with JAX_PAGED_WGMMA_PINGPONG=1 as well (development) that form's
-    warpgroups taking turns at their products: the 128-rows test at
-    every head size and block size it has, and the uneven-rows test's 16-bit wgmma case
+    the next tile: the 128-rows test at every head size and block size it has, and the
+    uneven-rows test's 16-bit wgmma case
     (80 and 128 rows with ALiBi that makes the running maxima grow, so that the deferred
     O rescales run). The launcher says once on stderr which 128-row form ran (and
     nothing with the switch off)."""
@@ -1182,14 +1181,12 @@ def test_gpu_wgmma_128_rows(schedule):
     cases += ["test_gpu_row_split_uneven_rows_with_alibi[128-16-float16-float16]"]
     proc = _run_cases_in_own_process(
         cases, JAX_PAGED_WGMMA_128="0" if schedule == "off" else "1",
-        JAX_PAGED_WGMMA_DEFER_PV="0" if schedule == "barrier" else "1",
-        JAX_PAGED_WGMMA_PINGPONG="1" if schedule == "ping_pong" else "0")
+        JAX_PAGED_WGMMA_DEFER_PV="0" if schedule == "barrier" else "1")
     if schedule == "off":
         assert "128-row wgmma CTAs" not in proc.stderr, proc.stderr[-2000:]
         return
     notice = "JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups" + {
-        "barrier": ";", "defer_pv": ", each P.V issued at the next tile;",
-        "ping_pong": ", each P.V issued at the next tile, taking turns at their products;",
+        "barrier": "; development)", "defer_pv": ", each P.V issued at the next tile; the default)",
     }[schedule]
     assert notice in proc.stderr, "the 128-row form did not run: " + proc.stderr[-2000:]
 

@@ -159,18 +159,6 @@ __device__ __forceinline__ void TensorCopy2dG2S(uint32_t dst, const CUtensorMap*
 }
 #endif  // JAX_PAGED_GROUPED_SM90
 
-// Hardware barrier kId (1..15; 0 is __syncthreads') of kThreads threads (a multiple of
-// 32): Sync waits for all of them, Arrive counts the caller's warp and goes on. (The id
-// an immediate: with a register id ptxas reserves all 16 barriers.)
-template <int kId, int kThreads>
-__device__ __forceinline__ void NamedBarrierSync() {
-  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
-}
-template <int kId, int kThreads>
-__device__ __forceinline__ void NamedBarrierArrive() {
-  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
-}
-
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -486,20 +474,18 @@ constexpr bool kPlainAllValid = false;
 // kWgmma: the row split's warpgroup-product form (wgmma.cuh; the default on
 // compute capability 9.0).
 // kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
-// kWarpgroups (with kWgmma, 16-bit caches; the default, JAX_PAGED_WGMMA_128=0 turns it
-// off): 2 for
-// CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same stages (warp w
-// holds row block w), so that a KV head of 65-128 rows copies each page once, not
-// once per 64-row CTA; one CTA per SM.
-// kDeferPv (with two warpgroups; the default, JAX_PAGED_WGMMA_DEFER_PV=0 turns it off): tile k's
-// P.V is issued at the start of tile k + 1, so that it and tile k + 2's Q.K both run
-// while tile k + 1's softmax computes; each iteration ends with every product done
-// (nothing in flight across the loop's back edge) and releases the stage of the
-// tile before. kSchedule (the 128-row CTAs' schedule): 0, a CTA barrier per tile; 1,
-// kDeferPv; 2, kDeferPv and kPingPong (below; development, JAX_PAGED_WGMMA_PINGPONG=1).
+// kWarpgroups (with kWgmma, 16-bit caches; the default, JAX_PAGED_WGMMA_128=0 turns
+// it off): 2 for CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same
+// stages (warp w holds row block w), so that a KV head of 65-128 rows copies each page
+// once, not once per 64-row CTA; one CTA per SM.
+// kDeferPv (with two warpgroups; the default, JAX_PAGED_WGMMA_DEFER_PV=0 turns it
+// off): tile k's P.V is issued at the start of tile k + 1, so that it and tile k + 2's
+// Q.K both run while tile k + 1's softmax computes; each iteration ends with every
+// product done (nothing in flight across the loop's back edge) and releases the stage
+// of the tile before.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          int kSchedule = 0>
+          bool kDeferPv = false>
 __global__ void __launch_bounds__(
     (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                    kWarpgroups>::kCtaThreads),
@@ -743,28 +729,7 @@ __global__ void __launch_bounds__(
   static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8), "two warpgroups: kRegIO");
   // (Deferred P.V: a stage is refilled a tile later, which the two warpgroups' six
   // stages allow: tile k + 1 was issued at the release of tile k + 1 - kStages.)
-  constexpr bool kDeferPv = kSchedule >= 1;
   static_assert(!kDeferPv || (kWarpgroups == 2 && kStages >= 4), "deferred P.V: 128-row CTAs");
-  // kPingPong (kSchedule 2, the deferred form; development, JAX_PAGED_WGMMA_PINGPONG=1): the
-  // two warpgroups take turns at issuing their tile's products (each waits for its turn
-  // after the other's issue, then hands the turn back), so that the tensor cores can
-  // run one warpgroup's products while the other packs P, rescales O or releases its
-  // stage, where after a CTA barrier per tile both do that at once
-  // (FlashAttention-3's ping-pong schedule). Stages are then released per warpgroup
-  // (a named barrier of its 128 threads, then a count; the second warpgroup's release
-  // refills), with no CTA barrier in the loop but a rare one after zeroing V's
-  // tokens without data. Warpgroup 0 is at most one tile ahead of warpgroup 1.
-  constexpr bool kPingPong = kSchedule == 2;
-  // Barriers: 1 + g, warpgroup g's own (its stage release); 3 + g, its turn.
-  auto warpgroup_sync = [&] {
-    if (warp < 4) NamedBarrierSync<1, 128>(); else NamedBarrierSync<2, 128>();
-  };
-  auto wait_turn = [&] {
-    if (warp < 4) NamedBarrierSync<3, 256>(); else NamedBarrierSync<4, 256>();
-  };
-  auto pass_turn = [&] {
-    if (warp < 4) NamedBarrierArrive<4, 256>(); else NamedBarrierArrive<3, 256>();
-  };
   if (warp == 0) {
     if (start_blk64 != guess_blk64) {  // a sliding window moved the first block
 #pragma unroll
@@ -1432,9 +1397,6 @@ __global__ void __launch_bounds__(
     __syncthreads();
     WgmmaWaitAll();
   }
-  if constexpr (kPingPong) {
-    if (warp >= 4) pass_turn();  // warpgroup 0 issues first
-  }
   for (int k = 0; k < ntiles; ++k) {
     Mask smask;
     if constexpr (kWgmma) {
@@ -1452,7 +1414,7 @@ __global__ void __launch_bounds__(
     const int tbase = tile_tok0 + slice_tok_r;  // the warp's first token of the tile
     // wgmma: tile k + 1 (waited for here), its Q.K issued before tile k's softmax.
     const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
-    if constexpr (kDeferPv && !kPingPong) {
+    if constexpr (kDeferPv) {
       if (pv_ready) deferred_pv();  // tile k - 1's P.V, running while tile k's softmax computes
     }
     if constexpr (kWgmma) {
@@ -1461,10 +1423,6 @@ __global__ void __launch_bounds__(
         MbarWait(bar0 + 8 * next_stage, next_stage == 0 ? phase ^ 1u : phase);
         next_mask = tile_mask(k + 1, next_stage);
       }
-    }
-    if constexpr (kPingPong) {  // this warpgroup's turn (its data waited for first)
-      wait_turn();
-      if (pv_ready) deferred_pv();
     }
     // kDeferPv: tile k's S out of s_next, then tile k + 1's Q.K issued at this one place
     // every tile, also when tile k + 1 has no data or does not exist (its S is then
@@ -1483,7 +1441,6 @@ __global__ void __launch_bounds__(
             for (int e = 0; e < 4; ++e) s_cur[h][nt][e] = s_next[h][nt][e];
       }
       issue_qk(next_stage, s_next);
-      if constexpr (kPingPong) pass_turn();
     }
     // (Row split: a warp whose row block is past the CTA's rows computes nothing.)
     // (wgmma: every warp of the warpgroup takes part; smask is CTA-uniform there.)
@@ -1967,9 +1924,6 @@ __global__ void __launch_bounds__(
       if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
         zero_v_without_data(next_stage, next_mask);
         FenceProxyAsyncShared();
-        // (kPingPong: each warpgroup zeroes its share of the rows, and both see every
-        // zero before their P.V of that tile. Rare: a partition's last tile, as a rule.)
-        if constexpr (kPingPong) __syncthreads();
       }
       WgmmaWaitAll();
       if constexpr (kDeferPv) pv_ready = smask != 0u;
@@ -1989,30 +1943,7 @@ __global__ void __launch_bounds__(
       pending_stage = -1;
     }
     bool refill;
-    if constexpr (kPingPong) {
-      // The warpgroup's 4 warps done with the tile before's stage (their products
-      // waited for above; the table stores above), then its first warp counts the
-      // release; the warpgroup whose count is the second refills (fences as in the
-      // decode kernels). Tile 0 has no tile before: nothing to count. (The decode
-      // kernels' count release below, per warpgroup. One lambda for both swapped two
-      // moves in the default mma.sync row-split kernels' SASS, so they stay apart
-      // until this form is measured.)
-      const int prev_stage = stage == 0 ? kStages - 1 : stage - 1;
-      warpgroup_sync();
-      uint32_t released = 0u;
-      if (k > 0 && (warp & 3) == 0) {
-        if (lane == 0) {
-          __threadfence_block();
-          released = atomicAdd(release_count_s + prev_stage, 1u) + 1u;
-        }
-        released = __shfl_sync(0xffffffffu, released, 0);
-      }
-      refill = released == static_cast<uint32_t>(kWarpgroups);
-      if (refill) {
-        __threadfence_block();
-        if (lane == 0) release_count_s[prev_stage] = 0u;  // before the refill's arrival
-      }
-    } else if constexpr (kCtaBarrier) {
+    if constexpr (kCtaBarrier) {
       __syncthreads();
       refill = warp == 0;
     } else {
@@ -2052,11 +1983,6 @@ __global__ void __launch_bounds__(
   if constexpr (kDeferPv) {  // the last tile's P.V
     if (pv_ready) deferred_pv();
     WgmmaWaitAll();
-  }
-  if constexpr (kPingPong) {
-    // Warpgroup 1's last turn handed to warpgroup 0 (one arrival more than its
-    // waits): taken, so that no barrier is left part-way at the exit.
-    if (warp < 4) wait_turn();
   }
 #ifdef JAX_PAGED_TRACE
   t_loop_end = GlobalTimerNs();
@@ -2249,14 +2175,14 @@ struct GroupedInstance {
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          int kSchedule = 0>
+          bool kDeferPv = false>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                           kWarpgroups>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                  kWarpgroups, kSchedule>,
+                                  kWarpgroups, kDeferPv>,
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
           C::kCtaThreads};
 }
@@ -2279,35 +2205,37 @@ inline bool WgmmaEnabled(int device) {
 // Whether a KV head of more than 64 query rows takes the wgmma form's 128-row CTAs (two
 // warpgroups over shared stages, one CTA per SM; more than 128 rows in chunks of up to
 // 128) instead of 64-row ones that each copy every page: the default since the
-// forty-third session; JAX_PAGED_WGMMA_128=0 (read once) runs the 64-row CTAs. Measured on the H200 (forty-first
-// session, BENCHMARKS.md): the memory pipeline alone (PROBE_NO_COMPUTE) at q_len 16, 128
-// x 64 x 8 x 2048, takes 279.1 us against 402.3 in 64-row CTAs (each page into two SMs),
-// but the whole call only 496.5 against 508.3-513.0: it is bound by its arithmetic. (Its
-// warpgroups releasing stages on their own instead, each with a named barrier and a
-// count, measured as fast to 6.8% slower; removed, in the history at 5580278.)
+// forty-third session; JAX_PAGED_WGMMA_128=0 (read once) runs the 64-row CTAs. Measured
+// on the H200 (forty-first session, BENCHMARKS.md): the memory pipeline alone
+// (PROBE_NO_COMPUTE) at q_len 16, 128 x 64 x 8 x 2048, takes 279.1 us against 402.3 in
+// 64-row CTAs (each page into two SMs), but the whole call, with a CTA barrier per tile,
+// only 496.5 against 508.3-513.0: it is bound by its arithmetic. (Its warpgroups
+// releasing stages on their own instead, each with a named barrier and a count,
+// measured as fast to 6.8% slower; removed, in the history at 5580278.)
 inline bool Wgmma128Enabled() {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA_128", "0");
   return enabled;
 }
-// Whether those 128-row CTAs issue each tile's P.V at the next tile, so that it and
-// the Q.K after it both run over that tile's softmax (kDeferPv): development,
-// JAX_PAGED_WGMMA_DEFER_PV=1 with JAX_PAGED_WGMMA_128=1 (read once). The wgmma form's
-// arithmetic is what bounds group 8, and each warpgroup otherwise waits for its P.V with
-// nothing to do. The default since the forty-third session; JAX_PAGED_WGMMA_DEFER_PV=0
-// (read once) gives the form with a CTA barrier per tile. Measured on H100s (forty-second
-// and forty-third sessions, BENCHMARKS.md): q_len 16 3.1-7.7% faster than the 64-row CTAs
-// at 80, 128 and 256 rows per KV head in three runs, though its arithmetic alone
-// (PROBE_NO_LOADS) is 5-11% slower than theirs; the GPU suite and memcheck passed with it
-// (forty-third session); not yet timed on an H200.
-// With JAX_PAGED_WGMMA_PINGPONG=1 (development), the deferred form's warpgroups take
-// turns at issuing their products and release stages on their own (kPingPong): 9-12%
-// slower than the deferred form on an H100 (forty-third session). The schedule (the
-// kernel's kSchedule): 0, a CTA barrier per tile; 1, deferred P.V; 2, deferred P.V and turns.
-inline int Wgmma128Schedule() {
-  static const int schedule = EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "0")    ? 0
-                              : EnvIs("JAX_PAGED_WGMMA_PINGPONG", "1") ? 2
-                                                                       : 1;
-  return schedule;
+// Whether those 128-row CTAs issue each tile's P.V at the next tile, so that it and the
+// Q.K after it both run over that tile's softmax (kDeferPv): the wgmma form's arithmetic
+// is what bounds group 8, and each warpgroup otherwise waits for its P.V with nothing to
+// do. The default since the forty-third session; JAX_PAGED_WGMMA_DEFER_PV=0 (read once)
+// gives the form with a CTA barrier per tile. Measured on H100s (forty-second and
+// forty-third sessions, BENCHMARKS.md): q_len 16 3.1-7.7% faster than the 64-row CTAs at
+// 80, 128 and 256 rows per KV head in three runs, though its arithmetic alone
+// (PROBE_NO_LOADS) is 5-11% slower than theirs; the GPU suite and memcheck passed with
+// it; not yet timed on an H200. (Its warpgroups also taking turns at issuing their
+// products, FlashAttention-3's ping-pong, with stages released per warpgroup, measured
+// 9-12% slower on an H100 (forty-third session); removed, in the history at 82c23fd.)
+inline bool WgmmaDeferPvEnabled() {
+  static const bool enabled = !EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "0");
+  return enabled;
+}
+// Whether the launcher says once on stderr which 128-row form runs: when a switch asked
+// for the 128-row CTAs or another form than the default (read once).
+inline bool Wgmma128Notice() {
+  static const bool notice = EnvIs("JAX_PAGED_WGMMA_128", "1") || !WgmmaDeferPvEnabled();
+  return notice;
 }
 
 // Whether the fp8 64-row CTAs run their wgmma form (kWgmma with fp8 caches;
@@ -2397,7 +2325,7 @@ GroupedInstance WgmmaRowSplitInstance(int block_size);
 // Its 128-row CTAs (two warpgroups; the default above 64 rows per KV head), in the same
 // translation units.
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, int schedule);
+GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv);
 // Its fp8 form (WgmmaFp8RowSplitAvailable; 16-token pages), in
 // cuda/ffi/wgmma_grouped_fp8e4m3.cu.
 template <int D>
@@ -2428,20 +2356,20 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
           bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          int kSchedule = 0>
+          bool kDeferPv = false>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
       case 8:
         return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kSchedule>();
+                                 kWarpgroups, kDeferPv>();
       case 16:
         return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kSchedule>();
+                                 kWarpgroups, kDeferPv>();
       default:
         return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kSchedule>();
+                                 kWarpgroups, kDeferPv>();
     }
   } else {
     return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma, kHalfRows>();
@@ -2472,15 +2400,10 @@ GroupedInstance WgmmaRowSplitInstance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
 }
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, int schedule) {
-  switch (schedule) {  // Wgmma128Schedule
-    case 2:
-      return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, 2>(block_size);
-    case 1:
-      return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, 1>(block_size);
-    default:
-      return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
-  }
+GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv) {
+  if (defer_pv)
+    return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size);
+  return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
 }
 template <int D>
 GroupedInstance WgmmaFp8RowSplitInstance() {
@@ -2523,18 +2446,15 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
     if (WgmmaEnabled(device)) {
       if (EncodeValueTensorMap<T, D>(p, v_map)) {
         if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled()) {
-          const int schedule = Wgmma128Schedule();
-          // (Said once when a switch asked for it or for another schedule; the default
-          // runs silently.)
+          const bool defer_pv = WgmmaDeferPvEnabled();
           static std::atomic<bool> told{false};
-          if ((EnvIs("JAX_PAGED_WGMMA_128", "1") || schedule != 1) && !told.exchange(true))
+          if (Wgmma128Notice() && !told.exchange(true))
             std::fprintf(stderr,
-                         "jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups%s%s; "
+                         "jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups%s; "
                          "%s)\n",
-                         schedule >= 1 ? ", each P.V issued at the next tile" : "",
-                         schedule == 2 ? ", taking turns at their products" : "",
-                         schedule == 1 ? "the default" : "development");
-          return WgmmaRowSplit128Instance<T, D>(p.block_size, schedule);
+                         defer_pv ? ", each P.V issued at the next tile" : "",
+                         defer_pv ? "the default" : "development");
+          return WgmmaRowSplit128Instance<T, D>(p.block_size, defer_pv);
         }
         return WgmmaRowSplitInstance<T, D>(p.block_size);
       }
@@ -2619,7 +2539,7 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   template jax_paged::cuda::grouped::GroupedInstance                               \
   jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);                      \
   template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, int);
+  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, bool);
 
 // The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \

@@ -1139,8 +1139,7 @@ def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
     the wgmma form's 128-row CTAs, two warpgroups over shared stages, each tile's P.V
     issued at the next tile (the default; test_gpu_wgmma_128_rows runs this test under
     the other schedules and under JAX_PAGED_WGMMA_128=0, two or more 64-row CTAs, which
-    other GPUs run). Rows per
-    KV head: 128 (group 8 at q_len 16: one full CTA), 72 (the second warpgroup's first
+    other GPUs run). Rows per KV head: 128 (group 8 at q_len 16: one full CTA), 72 (the second warpgroup's first
     warp half full, its other three empty), 132 and 208 (groups of 12 and 16 at q_len 11
     and 13, one KV head: two 128-row CTAs of 66 and 104 rows, whose few work items the
     partition rule splits over partitions: the workspace and V2's reduce). Edge lengths
@@ -1171,9 +1170,8 @@ def test_gpu_wgmma_128_rows(schedule):
     64-row CTAs; =1, its 128-row CTAs, with JAX_PAGED_WGMMA_DEFER_PV=0 in the form with a
     CTA barrier per tile, with =1 (the default) the form that issues each tile's P.V at
     the next tile: the 128-rows test at every head size and block size it has, and the
-    uneven-rows test's 16-bit wgmma case
-    (80 and 128 rows with ALiBi that makes the running maxima grow, so that the deferred
-    O rescales run). The launcher says once on stderr which 128-row form ran (and
+    uneven-rows test's 16-bit wgmma case (80 and 128 rows with ALiBi that makes the
+    running maxima grow, so that the deferred O rescales run). The launcher says once on stderr which 128-row form ran (and
     nothing with the switch off)."""
     cases = [f"test_gpu_row_split_128_rows[{c}]" for c in (
         "128-16-bfloat16", "128-8-float16", "128-32-bfloat16", "96-16-float16",

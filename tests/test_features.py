@@ -1195,13 +1195,12 @@ def test_gpu_wgmma_128_rows(schedule):
     (jnp.float8_e4m3fn, jnp.float16), (jnp.float8_e5m2, jnp.bfloat16)])
 def test_gpu_fp8_row_split_128_rows(cache_dtype, query_dtype, monkeypatch):
     """KV heads of more than 64 query rows with fp8 caches, head 128, 16-token pages, per
-    KV head K scales and a V scale: by default two or more of the fp8 row split's 64-row
-    CTAs; under JAX_PAGED_FP8_WGMMA_128=1 on compute capability 9.0 (development,
-    test_gpu_fp8_wgmma_128_rows) 128-row CTAs that widen each page to f16 once. Rows per
-    KV head as in test_gpu_row_split_128_rows: 128, 72, 132 and 208 (two 128-row CTAs of
-    66 and 104 rows over a split: the workspace and V2's reduce). Edge lengths, NaN in
-    every unused cache slot and (best effort) in the output's memory; plain, a window,
-    ALiBi with a window, a soft cap and LSE; and 256-token partitions (the rule patched)."""
+    KV head K scales and a V scale: two or more of the fp8 row split's 64-row CTAs per KV
+    head (rows per KV head as in test_gpu_row_split_128_rows: 128, 72, 132 and 208, the
+    last two one KV head whose few work items the partition rule splits: the workspace
+    and V2's reduce). Edge lengths, NaN in every unused cache slot and (best effort) in
+    the output's memory; plain, a window, ALiBi with a window, a soft cap and LSE; and
+    256-token partitions (the rule patched)."""
     rng = np.random.default_rng(1280 + 2 * (cache_dtype == jnp.float8_e5m2)
                                 + (query_dtype == jnp.bfloat16))
     for num_heads, num_kv_heads, q_len in ((64, 8, 16), (72, 8, 8), (12, 1, 11), (16, 1, 13)):
@@ -1215,23 +1214,6 @@ def test_gpu_fp8_row_split_128_rows(cache_dtype, query_dtype, monkeypatch):
                 return_lse=True, **scales)
     monkeypatch.setattr(primitives, "grouped_partition_size", lambda *args, **kw: 256)
     compare("gpu", inp, "grouped", poisoned=True, return_lse=True, partition_size=1024, **scales)
-
-
-@requires_gpu
-def test_gpu_fp8_wgmma_128_rows():
-    """The fp8 128-row CTAs (development, JAX_PAGED_FP8_WGMMA_128=1, read once per
-    process, so in a pytest run of its own): each stage's pages widened to f16 once, then
-    the 16-bit wgmma form's deferred 128-row products. Its cases: the fp8 128-row test
-    (both fp8 formats, both 16-bit query dtypes) and the fp8 64-row test's head-128 case,
-    whose 80 rows per KV head take one 128-row CTA. The launcher says once on stderr
-    that the form ran."""
-    cases = [f"test_gpu_fp8_row_split_128_rows[{c}]" for c in (
-        "float8_e4m3fn-bfloat16", "float8_e5m2-float16", "float8_e4m3fn-float16",
-        "float8_e5m2-bfloat16")]
-    cases += ["test_gpu_fp8_row_split_64_rows[128-16-float8_e4m3fn-bfloat16]"]
-    proc = _run_cases_in_own_process(cases, JAX_PAGED_FP8_WGMMA_128="1")
-    assert "JAX_PAGED_FP8_WGMMA_128=1: fp8 128-row CTAs" in proc.stderr, (
-        "the fp8 128-row form did not run: " + proc.stderr[-2000:])
 
 
 @requires_gpu

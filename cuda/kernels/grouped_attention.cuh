@@ -544,18 +544,7 @@ __global__ void __launch_bounds__(
   // across each lane quad (QuadGatherBytes); K-major B operands without swizzle (K:
   // core matrix 8 tokens x 16 dims; V: 8 dims x 16 tokens, LBO a page), so V comes by
   // the bulk copies, not a tensor map.
-  // fp8 caches in 128-row CTAs (C::kWidenFp8; development, JAX_PAGED_FP8_WGMMA_128=1):
-  // each stage's pages widened to f16 once (widen_stage) into an area of the stage's own,
-  // laid out as the 16-bit form's stages, then the 16-bit wgmma form's f16 products on
-  // them for both warpgroups, instead of each 16 rows widening every page in registers.
-  constexpr bool kWiden = C::kWidenFp8;
-  constexpr bool kWgFp8 = kWgmma && kFp8 && !kWiden;
-  // Whether the products read the fp8 bytes as copied (else 16-bit elements).
-  constexpr bool kFp8Stage = kFp8 && !kWiden;
-  // Bytes per element of what the products read.
-  constexpr int kCElem = kWiden ? 2 : static_cast<int>(sizeof(TC));
-  static_assert(!kWiden || (kWgmma && kDeferPv && kBlockSize == 16),
-                "widened fp8: the deferred 128-row CTAs, 16-token pages");
+  constexpr bool kWgFp8 = kWgmma && kFp8;
   static_assert(!kWgFp8 || (D % 32 == 0 && kBlockSize == 16 &&
                             std::is_same_v<TC, __nv_fp8_e4m3> && std::is_same_v<T, __nv_bfloat16>),
                 "fp8 wgmma: e4m3 pages of 16 tokens, bf16 queries, head_size % 32 == 0");
@@ -652,12 +641,6 @@ __global__ void __launch_bounds__(
   const uint32_t bar0 = SmemAddr(smem + C::kBarOff);
   uint32_t* release_count_s = reinterpret_cast<uint32_t*>(smem + C::kCountOff);
   int32_t* refill_table_s = reinterpret_cast<int32_t*>(smem + C::kTableOff);
-  // Byte offset in smem of stage st's K (its V kTileElems * kCElem bytes on) as the
-  // products read it: the stage, or with kWiden its widened area.
-  auto compute_stage_off = [](int st) -> size_t {
-    return kWiden ? C::kWideOff + static_cast<size_t>(st) * C::kWideStageBytes
-                  : static_cast<size_t>(st) * C::kStageBytes;
-  };
 
   if (tid == 0) {
 #pragma unroll
@@ -672,8 +655,7 @@ __global__ void __launch_bounds__(
   // ---- producer (warp 0 for the first stages, then the warp that releases a
   // stage last; lane i < ppt copies page i of a tile) ---------------------------
   const int page_elems = D * BS;
-  const uint32_t page_bytes = static_cast<uint32_t>(page_elems * sizeof(TC));  // as copied
-  const uint32_t cpage_bytes = static_cast<uint32_t>(page_elems * kCElem);  // as read
+  const uint32_t page_bytes = static_cast<uint32_t>(page_elems * sizeof(TC));
   const int64_t kv_block_stride = static_cast<int64_t>(p.num_kv_heads) * page_elems;
   const int64_t kv_head_off = static_cast<int64_t>(kv_head) * page_elems;
   const TC* key_cache = static_cast<const TC*>(p.key_cache);
@@ -744,7 +726,7 @@ __global__ void __launch_bounds__(
       kWgmma || (kFp8 && C::kQInRegs && C::kMergeSlices == 1 && C::kCtasPerSm <= 2);
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
   // (Two warpgroups: the paths below that stage through shared memory assume 4 warps.)
-  static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8Stage), "two warpgroups: kRegIO");
+  static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8), "two warpgroups: kRegIO");
   // (Deferred P.V: a stage is refilled a tile later, which the two warpgroups' six
   // stages allow: tile k + 1 was issued at the release of tile k + 1 - kStages.)
   static_assert(!kDeferPv || (kWarpgroups == 2 && kStages >= 4), "deferred P.V: 128-row CTAs");
@@ -806,7 +788,7 @@ __global__ void __launch_bounds__(
           qa[2 * s2 + 1][h] = b.x;
           qa[2 * s2 + 1][h + 2] = b.y;
         }
-      } else if constexpr (kFp8Stage) {
+      } else if constexpr (kFp8) {
         // The permuted pairs (see above): k indices 2 tq, + 1 (logical pair tq) and
         // 2 tq + 8, + 9 (pair tq + 4) hold dims 16 ks + 4 tq .. + 3: one 8-byte load.
         const uint2* src = reinterpret_cast<const uint2*>(row) + tq4;
@@ -1225,9 +1207,9 @@ __global__ void __launch_bounds__(
     }
 #pragma unroll
     for (int sp = 0; sp < 2; ++sp)
-      wg_k_off[sp] = Opaque(BS == 16 ? 128u * sp : static_cast<uint32_t>((32 * sp) >> log2_bs) * cpage_bytes);
-    k_desc = SmemDescriptor(16u * BS, BS == 32 ? 128u : cpage_bytes, SmemSwizzle::kNone);
-    v_desc = BS == 8 || kFp8Stage ? SmemDescriptor(cpage_bytes, 128u, SmemSwizzle::kNone)
+      wg_k_off[sp] = Opaque(BS == 16 ? 128u * sp : static_cast<uint32_t>((32 * sp) >> log2_bs) * page_bytes);
+    k_desc = SmemDescriptor(16u * BS, BS == 32 ? 128u : page_bytes, SmemSwizzle::kNone);
+    v_desc = BS == 8 || kFp8 ? SmemDescriptor(page_bytes, 128u, SmemSwizzle::kNone)
                              : (BS == 16 ? SmemDescriptor(16u, 256u, SmemSwizzle::k32B)
                                          : SmemDescriptor(16u, 512u, SmemSwizzle::k64B));
   }
@@ -1240,8 +1222,9 @@ __global__ void __launch_bounds__(
   // tokens only (data_bits not full: a partition's last tile, as a rule); all
   // threads; the caller fences.
   auto zero_v_without_data = [&](int st, Mask data_bits) {
-    unsigned char* vrows = smem + compute_stage_off(st) + C::kTileElems * kCElem;
-    if constexpr (kFp8Stage) {  // (16-token pages: a row is 16 bytes, unswizzled)
+    unsigned char* vrows =
+        smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC);
+    if constexpr (kFp8) {  // (16-token pages: a row is 16 bytes, unswizzled)
       for (int r = tid; r < ppt * D; r += kCtaThreads) {
         const int page = r / D;
         const int d = r - page * D;
@@ -1273,56 +1256,6 @@ __global__ void __launch_bounds__(
         c.z &= ((b & 16u) ? 0x0000FFFFu : 0u) | ((b & 32u) ? 0xFFFF0000u : 0u);
         c.w &= ((b & 64u) ? 0x0000FFFFu : 0u) | ((b & 128u) ? 0xFFFF0000u : 0u);
         row[j] = c;
-      }
-    }
-  };
-
-  // kWiden: stage st's fp8 pages (arrived) widened to f16, exactly, into its area: K in
-  // the 16-bit cache layout ([D/8][BS][8] per page: an fp8 chunk of 16 dims of a token,
-  // [D/16][BS][16], becomes chunks 2 c and 2 c + 1), V's rows ([D][BS]) with the 32-byte
-  // swizzle the 16-bit form's tensor copies give 16-token pages (token chunk c of row d
-  // at chunk c ^ ((d >> 2) & 1), as zero_v_without_data reads them). All threads, four
-  // 16-byte units each; the caller fences and meets at a barrier before the products.
-  // Pages not copied widen stale bytes: the 16-bit stages keep stale bytes there too,
-  // and both are masked alike (logits, then zero_v_without_data).
-  auto widen_stage = [&](int st) {
-    if constexpr (kWiden) {
-      const uint4* raw = reinterpret_cast<const uint4*>(smem + static_cast<size_t>(st) * C::kStageBytes);
-      unsigned char* wide = smem + compute_stage_off(st);
-      constexpr int kUnits = C::kTileElems / 16;      // 16-byte fp8 units of K (then of V)
-      constexpr int kPageUnits = D * kBlockSize / 16;  // of one page
-      static_assert(kUnits % kCtaThreads == 0, "whole units per thread");
-      // (One unit at a time: unrolled, the units' registers made the 255-register
-      // kernel spill.)
-#pragma unroll 1
-      for (int i = 0; i < 2 * kUnits / kCtaThreads; ++i) {
-        const int u = tid + i * kCtaThreads;
-        const uint4 c = raw[u];
-        uint32_t h[8];
-        Fp8x4ToHalf2x2<TC>(c.x, h[0], h[1]);
-        Fp8x4ToHalf2x2<TC>(c.y, h[2], h[3]);
-        Fp8x4ToHalf2x2<TC>(c.z, h[4], h[5]);
-        Fp8x4ToHalf2x2<TC>(c.w, h[6], h[7]);
-        const uint4 lo = make_uint4(h[0], h[1], h[2], h[3]);  // elements 0-7
-        const uint4 hi = make_uint4(h[4], h[5], h[6], h[7]);  // elements 8-15
-        if (i < kUnits / kCtaThreads) {  // K: page pg, dims 16 c16 .. + 15 of token t
-          const int pg = u / kPageUnits;
-          const int r = u - pg * kPageUnits;
-          const int c16 = r / kBlockSize;
-          const int t = r - c16 * kBlockSize;
-          uint4* dst = reinterpret_cast<uint4*>(wide) + (pg * page_elems) / 8 + 2 * c16 * kBlockSize + t;
-          dst[0] = lo;
-          dst[kBlockSize] = hi;  // the next 8 dims: BS * 8 elements on
-        } else {  // V: page pg, row d (tokens 0-15)
-          const int v = u - kUnits;
-          const int pg = v / D;
-          const int d = v - pg * D;
-          uint4* row = reinterpret_cast<uint4*>(wide + C::kTileElems * 2) + (pg * page_elems) / 8 +
-                       2 * d;
-          const int swz = (d >> 2) & 1;
-          row[swz] = lo;
-          row[swz ^ 1] = hi;
-        }
       }
     }
   };
@@ -1373,9 +1306,9 @@ __global__ void __launch_bounds__(
   float s_next[kWgmma ? kSub : 1][2][4];
   auto issue_qk = [&](int st, float (&dst)[kWgmma ? kSub : 1][2][4]) {
     if constexpr (kWgmma) {
-      const uint32_t kb = stages_addr + static_cast<uint32_t>(compute_stage_off(st));
+      const uint32_t kb = stages_addr + static_cast<uint32_t>(st) * C::kStageBytes;
       WgmmaFence();  // (dst was read by ordinary instructions)
-      if constexpr (kFp8Stage) {
+      if constexpr (kFp8) {
         // 32 dims (two 16-dim chunks of BS * 16 bytes) per step; qa[2 s] the query's
         // hi terms, qa[2 s + 1] its lo terms (16-token pages: product sp = tokens
         // 8 sp.. of each page).
@@ -1428,7 +1361,7 @@ __global__ void __launch_bounds__(
   // stage's V at vb; 16 tokens x up to 64 dims per product (V's tokens without data
   // were zeroed by zero_v_without_data).
   auto issue_pv = [&](const uint32_t (&pa)[kSub][4], uint32_t vb) {
-    if constexpr (kWgmma && !kFp8Stage) {
+    if constexpr (kWgmma && !kFp8) {
       WgmmaFence();
 #pragma unroll
       for (int h = 0; h < kSub; ++h)
@@ -1455,11 +1388,6 @@ __global__ void __launch_bounds__(
   };
   if constexpr (kWgmma) {
     MbarWait(bar0, 0u);
-    if constexpr (kWiden) {
-      widen_stage(0);
-      FenceProxyAsyncShared();  // the widened pages, before the tensor cores read them
-      __syncthreads();
-    }
     next_mask = tile_mask(0, 0);
     if (next_mask != 0u) issue_qk(0, s_next);
     if (next_mask != 0u && next_mask != kFullMask) {  // (CTA-uniform)
@@ -1494,11 +1422,6 @@ __global__ void __launch_bounds__(
       if (k + 1 < ntiles) {
         MbarWait(bar0 + 8 * next_stage, next_stage == 0 ? phase ^ 1u : phase);
         next_mask = tile_mask(k + 1, next_stage);
-        if constexpr (kWiden) {  // (tile k - 1's P.V runs meanwhile)
-          widen_stage(next_stage);
-          FenceProxyAsyncShared();
-          __syncthreads();
-        }
       }
     }
     // kDeferPv: tile k's S out of s_next, then tile k + 1's Q.K issued at this one place
@@ -1522,10 +1445,10 @@ __global__ void __launch_bounds__(
     // (Row split: a warp whose row block is past the CTA's rows computes nothing.)
     // (wgmma: every warp of the warpgroup takes part; smask is CTA-uniform there.)
     if (smask != 0u && (kWgmma || !kRowSplit || rows > rb * kMaxRows)) {  // warp-uniform
-      const uint32_t kbase = stages_addr + static_cast<uint32_t>(compute_stage_off(stage));
-      const uint32_t vbase = kbase + C::kTileElems * kCElem;
-      const unsigned char* kptr = smem + compute_stage_off(stage);
-      const unsigned char* vptr = kptr + C::kTileElems * kCElem;
+      const uint32_t kbase = stages_addr + static_cast<uint32_t>(stage) * C::kStageBytes;
+      const uint32_t vbase = kbase + C::kTileElems * sizeof(TC);
+      const unsigned char* kptr = smem + static_cast<size_t>(stage) * C::kStageBytes;
+      const unsigned char* vptr = kptr + C::kTileElems * sizeof(TC);
 
       // S fragments: sw[h][nt][e] = q[row gid + 8 (e >> 1)] . k[token 16 h +
       // token_of(nt, e)] (h: sub-slice; only fp8 caches have more than one).
@@ -2288,7 +2211,12 @@ inline bool WgmmaEnabled(int device) {
 // 64-row CTAs (each page into two SMs), but the whole call, with a CTA barrier per tile,
 // only 496.5 against 508.3-513.0: it is bound by its arithmetic. (Its warpgroups
 // releasing stages on their own instead, each with a named barrier and a count,
-// measured as fast to 6.8% slower; removed, in the history at 5580278.)
+// measured as fast to 6.8% slower; removed, in the history at 5580278.) (fp8 caches in
+// such CTAs, each stage's pages widened to f16 once into a second ring for both
+// warpgroups' f16 products, passed their GPU tests but measured 3.0-6.9% slower at
+// q_len 16 than the fp8 row split's 64-row CTAs, which widen in registers per 16 rows:
+// the widening adds to the CUDA-core work that bounds these CTAs; H100, forty-fourth
+// session, BENCHMARKS.md; removed, in the history at ad6dc60.)
 inline bool Wgmma128Enabled() {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA_128", "0");
   return enabled;
@@ -2323,21 +2251,6 @@ inline bool Fp8WgmmaEnabled(int device) {
   static const bool enabled = EnvIs("JAX_PAGED_FP8_WGMMA", "1");
   return enabled && IsSm90(device);
 }
-// Whether fp8 caches with more than 64 query rows per KV head take 128-row CTAs that
-// widen each page to f16 once for both warpgroups' 16-bit wgmma products (kernel's
-// kWiden; development: JAX_PAGED_FP8_WGMMA_128=1, read once): on compute capability 9.0,
-// 16-bit queries, 16-token pages, head size 128 (WgmmaFp8Widened128Available). Their
-// products, P (f16) and lse are those of the mma.sync row split, which widens the pages
-// in registers once per 16 rows instead.
-inline bool Fp8Wgmma128Enabled(int device) {
-  static const bool enabled = EnvIs("JAX_PAGED_FP8_WGMMA_128", "1");
-  return enabled && IsSm90(device);
-}
-template <typename T, typename TC, int D>
-constexpr bool WgmmaFp8Widened128Available() {
-  return sizeof(T) == 2 && sizeof(TC) == 1 && D == 128;
-}
-
 // The longest partition (tokens per CTA) the fp8 wgmma form takes; longer ones run
 // the mma.sync row split. Its output accumulates every tile of a partition in the
 // e4m3 products' own accumulators, whose adds keep about 13 mantissa bits of the
@@ -2422,9 +2335,6 @@ GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv);
 // cuda/ffi/wgmma_grouped_fp8e4m3.cu.
 template <int D>
 GroupedInstance WgmmaFp8RowSplitInstance();
-// The fp8 128-row CTAs (WgmmaFp8Widened128Available), in cuda/ffi/wgmma_grouped_fp8*.cu.
-template <typename T, typename TC, int D>
-GroupedInstance WgmmaFp8Widened128Instance();
 
 // Raises the shared-memory limit and the carveout hint of one kernel
 // instantiation, once per device.
@@ -2504,10 +2414,6 @@ template <int D>
 GroupedInstance WgmmaFp8RowSplitInstance() {
   return GroupedInstanceOf<__nv_bfloat16, __nv_fp8_e4m3, D, false, 16, false, 4, true>();
 }
-template <typename T, typename TC, int D>
-GroupedInstance WgmmaFp8Widened128Instance() {
-  return GroupedInstanceOf<T, TC, D, false, 16, false, 4, true, false, 2, true>();
-}
 #endif
 
 // The kernel for a call: plain (see the kernel) or general. A plain step with
@@ -2521,17 +2427,6 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
                                       CUtensorMap* v_map) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
 #ifdef JAX_PAGED_HAVE_WGMMA
-  if constexpr (kRowBlocks == 4 && WgmmaFp8Widened128Available<T, TC, D>()) {
-    if (p.block_size == 16 && RowsPerKvHead(p) > kRowBlocks * kMaxRows &&
-        Fp8Wgmma128Enabled(device) && WgmmaEnabled(device)) {
-      static std::atomic<bool> told{false};
-      if (!told.exchange(true))
-        std::fputs("jax_paged: JAX_PAGED_FP8_WGMMA_128=1: fp8 128-row CTAs, pages widened to "
-                   "f16 once for the wgmma products (development)\n",
-                   stderr);
-      return WgmmaFp8Widened128Instance<T, TC, D>();
-    }
-  }
   if constexpr (kRowBlocks == 4 && WgmmaFp8RowSplitAvailable<T, TC, D>()) {
     if (p.block_size == 16 && Fp8WgmmaEnabled(device)) {
       if (p.partition_size <= kFp8WgmmaMaxPartitionTokens) {
@@ -2650,12 +2545,6 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
   jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);                      \
   template jax_paged::cuda::grouped::GroupedInstance                               \
   jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, bool);
-
-// The fp8 128-row kernel for one query dtype, fp8 format and head size
-// (cuda/ffi/wgmma_grouped_fp8*.cu).
-#define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8_128(T, TC, H)                        \
-  template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaFp8Widened128Instance<T, TC, H>();
 
 // The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \

@@ -68,12 +68,9 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // each tile from slice w % kSliceGroups (in one pass), so that a KV head with more than 16 rows
 // (q_len * group > 16) reads each page once per 16 * kRowBlocks rows instead of
 // once per 16 (see SelectGroupedKernel). kRowBlocks == 1 is the decode kernel.
-// kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs): warpgroups of 4 warps per
-// CTA, each computing kRowBlocks * 16 rows over the same stages, so that each page is
-// copied once per 128 rows instead of once per 64 (one CTA per SM). With fp8 caches
-// (kWidenFp8, development) each stage's fp8 pages are widened to f16 once, into an
-// area of the stage's own in the 16-bit form's layout, for both warpgroups' f16
-// products (instead of every 16 rows widening them in registers).
+// kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
+// of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
+// that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
@@ -119,13 +116,9 @@ struct GroupedConfig {
   // Query rows per CTA; warps per row block (each computing its own token slices);
   // token slices each warp computes per tile (one pass); slice partials the epilogue merges
   // per row (one per warp of a row block).
-  static_assert(kWarpgroups == 1 || (kWarpgroups == 2 && kRowBlocks == 4 && kMma && !kWide),
-                "two warpgroups: the wgmma form's 64-row blocks");
-  // fp8 caches in 128-row CTAs: the stages hold the fp8 pages as copied; a second ring
-  // of kStages areas (kWideOff) holds them widened to f16 (K: [D/8][BS][8] per page,
-  // V: [D][BS] with the products' swizzle, as the 16-bit form's stages).
-  static constexpr bool kWidenFp8 = kFp8 && kWarpgroups == 2;
-  static constexpr int kWideStageBytes = kWidenFp8 ? 2 * kTileElems * 2 : 0;
+  static_assert(kWarpgroups == 1 || (kWarpgroups == 2 && kRowBlocks == 4 && kMma && !kFp8 &&
+                                      !kWide),
+                "two warpgroups: the 16-bit wgmma form's 64-row blocks");
   static constexpr int kCtaThreads = kThreads * kWarpgroups;  // threads per CTA
   static constexpr int kRows = kRowBlocks * kMaxRows * kWarpgroups;
   static constexpr int kSliceGroups = kSlices / kRowBlocks;
@@ -172,13 +165,10 @@ struct GroupedConfig {
   static constexpr int kStageBudget =
       kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
                 : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
-  static constexpr int kStages = ClampInt(kStageBudget / (kStageBytes + kWideStageBytes), 2, 6);
+  static constexpr int kStages = ClampInt(kStageBudget / kStageBytes, 2, 6);
   static constexpr int kQOff = (kQInStage ? kStages - 1 : kStages) * kStageBytes;
-  // (The 128-row CTAs of fp8 caches stage no query rows: the wgmma form loads them
-  // into registers, the kernel's kRegIO.)
-  static_assert(!kQInStage || kWidenFp8 || kQBytes <= kStageBytes, "query rows in a stage");
-  static constexpr int kWideOff = kStages * kStageBytes + kQOwnBytes;  // kWidenFp8: [kStages] areas
-  static constexpr int kMlOff = kWideOff + kStages * kWideStageBytes;  // [kMergeSlices][kRows][2] float (max, sum)
+  static_assert(!kQInStage || kQBytes <= kStageBytes, "query rows in a stage");
+  static constexpr int kMlOff = kStages * kStageBytes + kQOwnBytes;  // [kMergeSlices][kRows][2] float (max, sum)
   static constexpr int kMaskOff = kMlOff + kMlBytes;  // [kStages] uint32 page-valid bits
   // [kStages] mbarriers "stage full" (the bulk copies' bytes arrived); then
   // [kStages] uint32 release counters (warps done reading the stage: the warp
@@ -230,10 +220,6 @@ static_assert(GroupedConfig<2, 2, 128, 4, 2>::kStages == 6 &&
                   GroupedConfig<2, 2, 128, 4, 2>::kCtasPerSm == 1 &&
                   GroupedConfig<2, 2, 128, 4, 2>::kRows == 128,
               "the wgmma form's 128-row CTAs: six 32 KB stages, one CTA per SM");
-static_assert(GroupedConfig<2, 1, 128, 4, 2>::kStages == 4 &&
-                  GroupedConfig<2, 1, 128, 4, 2>::kCtasPerSm == 1 &&
-                  GroupedConfig<2, 1, 128, 4, 2>::kWideOff % 1024 == 0,
-              "the fp8 128-row CTAs: four 16 KB stages and their 32 KB widened areas");
 static_assert(GroupedConfig<2, 1, 256, 4>::kTile == 32 && GroupedConfig<2, 1, 256, 4>::kStages == 4 &&
                   GroupedConfig<2, 1, 256, 4>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 192, 4>::kStages == 6 && GroupedConfig<2, 1, 192, 4>::kCtasPerSm == 2,

@@ -120,6 +120,31 @@ def test_goal_check_counts_only_correct_rows():
     assert slow.startswith("not met") and "beats FI*: NO" in slow
 
 
+def test_feature_goal_check_reports_issue_6_bars():
+    """Issue 6's line: an fp8 decode row against issue 4's bandwidth bar for its
+    configuration, each multi-token row as a multiple of its own decode step (bf16 rows
+    of auto, fp8 rows of auto+fp8<fmt>); other feature rows are not judged, and a row that
+    failed the float32 check counts for nothing."""
+    impls = {"auto": dict(us=40.0, frac_copy=0.8, ok=True),
+             "auto+fp8e4m3": dict(us=27.0, frac_copy=0.589, ok=True),
+             "auto+fp8e5m2": dict(us=20.0, frac_copy=0.8, ok=True),
+             "auto+cap": dict(us=41.0, frac_copy=0.78, ok=True),
+             "auto+q16": dict(us=50.0, ok=True),
+             "auto+fp8e4m3q16": dict(us=54.0, ok=True),
+             "auto+fp8e5m2q16": dict(us=30.0, ok=False)}
+    got = bench.feature_goal_check(bench.Config(1, 32, 8, 32768), dict(impls=impls))
+    assert got.split(", ") == [
+        "fp8e4m3 >=75% copy: NO (58.9%)", "fp8e5m2 >=75% copy: yes (80.0%)",
+        "q16 1.25x step", "fp8e4m3q16 2.00x step", "fp8e5m2q16: not counted (failed the check)"]
+    # Issue 4's 90% bar where B * Hkv >= 256; no bar (only the multiples) elsewhere.
+    big = bench.feature_goal_check(bench.Config(64, 32, 8, 4096), dict(impls=impls))
+    assert "fp8e4m3 >=90% copy: NO (58.9%)" in big
+    small = bench.feature_goal_check(bench.Config(8, 32, 8, 8192), dict(impls=impls))
+    assert "copy" not in small and "q16 1.25x step" in small
+    assert bench.feature_goal_check(bench.Config(8, 32, 8, 8192),
+                                    dict(impls={"auto": impls["auto"]})) is None
+
+
 def test_ground_truth_with_multi_token_queries():
     """The benchmark's independent ground truth for --q-len rows agrees with the jnp
     reference on ragged lengths, including sequences shorter than the query (their first

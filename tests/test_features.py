@@ -1146,20 +1146,30 @@ def test_gpu_row_split_128_rows(head_size, block_size, dtype, monkeypatch):
     (page, 64-token tile and 512-token partition edges), NaN in every unused cache slot
     and (best effort) in the output's memory; plain, a window, ALiBi with a window, a
     soft cap and LSE; and 256-token partitions (the rule patched)."""
-    rng = np.random.default_rng(head_size * block_size + 128)
+    _check_rows_above_64(np.random.default_rng(head_size * block_size + 128), head_size,
+                         block_size, dtype, monkeypatch)
+
+
+def _check_rows_above_64(rng, head_size, block_size, cache_dtype, monkeypatch,
+                         query_dtype=None, fp8_scales=False):
+    """KV heads of 128, 72, 132 and 208 query rows at edge lengths: plain on poisoned
+    memory, a window, ALiBi with a window, a soft cap and LSE; then 256-token partitions
+    (the rule patched). fp8_scales: per-KV-head K scales and a V scale."""
     lens = [0, 1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1100]
     for num_heads, num_kv_heads, q_len in ((64, 8, 16), (72, 8, 8), (12, 1, 11), (16, 1, 13)):
-        inp = make_inputs(rng, lens, num_heads, num_kv_heads, head_size, block_size, dtype,
-                          q_len=q_len)
-        compare("gpu", inp, "grouped", poisoned=True)
-        compare("gpu", inp, "grouped", sliding_window=100)
+        inp = make_inputs(rng, lens, num_heads, num_kv_heads, head_size, block_size,
+                          cache_dtype, query_dtype=query_dtype, q_len=q_len)
+        scales = (dict(k_scale=_scales("per_head", num_kv_heads, rng), v_scale=np.float32(0.8))
+                  if fp8_scales else {})
+        compare("gpu", inp, "grouped", poisoned=True, **scales)
+        compare("gpu", inp, "grouped", sliding_window=100, **scales)
         slopes = (0.03 * rng.uniform(0.5, 1.0, size=num_heads)).astype(np.float32)
         compare("gpu", inp, "grouped", alibi_slopes=slopes, sliding_window=300, soft_cap=10.0,
-                return_lse=True)
+                return_lse=True, **scales)
     # (partition_size=1024 only keys this call apart from the ones above: the grouped
     # kernel takes the rule's size.)
     monkeypatch.setattr(primitives, "grouped_partition_size", lambda *args, **kw: 256)
-    compare("gpu", inp, "grouped", poisoned=True, return_lse=True, partition_size=1024)
+    compare("gpu", inp, "grouped", poisoned=True, return_lse=True, partition_size=1024, **scales)
 
 
 @requires_gpu
@@ -1203,17 +1213,8 @@ def test_gpu_fp8_row_split_128_rows(cache_dtype, query_dtype, monkeypatch):
     256-token partitions (the rule patched)."""
     rng = np.random.default_rng(1280 + 2 * (cache_dtype == jnp.float8_e5m2)
                                 + (query_dtype == jnp.bfloat16))
-    for num_heads, num_kv_heads, q_len in ((64, 8, 16), (72, 8, 8), (12, 1, 11), (16, 1, 13)):
-        inp = make_inputs(rng, _FP8_ROW_SPLIT_LENS, num_heads, num_kv_heads, 128, 16,
-                          cache_dtype, query_dtype=query_dtype, q_len=q_len)
-        scales = dict(k_scale=_scales("per_head", num_kv_heads, rng), v_scale=np.float32(0.8))
-        compare("gpu", inp, "grouped", poisoned=True, **scales)
-        compare("gpu", inp, "grouped", sliding_window=100, **scales)
-        slopes = (0.03 * rng.uniform(0.5, 1.0, size=num_heads)).astype(np.float32)
-        compare("gpu", inp, "grouped", alibi_slopes=slopes, sliding_window=300, soft_cap=10.0,
-                return_lse=True, **scales)
-    monkeypatch.setattr(primitives, "grouped_partition_size", lambda *args, **kw: 256)
-    compare("gpu", inp, "grouped", poisoned=True, return_lse=True, partition_size=1024, **scales)
+    _check_rows_above_64(rng, 128, 16, cache_dtype, monkeypatch, query_dtype=query_dtype,
+                         fp8_scales=True)
 
 
 @requires_gpu

@@ -279,6 +279,14 @@ __device__ __forceinline__ float Dot4(const float4& a, const float4& b, float ac
 // (Widening to bf16 for bf16 queries took four conversions per pair, fp8 ->
 // f16 -> 2 x f32 -> bf16, and bound the fp8 path at ~50% of the bytes'
 // bandwidth at 16 conversions / clock / SM.)
+// (e4m3 by integer operations instead, each byte with its sign bit doubled shifted
+// into an f16 of 2^-8 times its value, 256 folded into the scales: a byte permute, an
+// AND, an add and a shift per pair, exact for every finite value. In the plain step
+// for K, V or both it measured no gain over the conversion on an H100: head 64
+// 99.1-102.5 us, B=1 L=32768 32.2-33.4, head 128 184.4-185.7, against the default's
+// 100.0-101.5, 32.8-33.3 and 176.7-186.9 over three runs that session (e5m2's byte
+// permutes ran 2.4% faster than e4m3 at head 64 in one of them); forty-fifth session,
+// BENCHMARKS.md; in the history at 41b3f3a.)
 template <typename TC>
 __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t four, uint32_t& lo, uint32_t& hi) {
   if constexpr (std::is_same_v<TC, __nv_fp8_e5m2>) {
@@ -290,24 +298,6 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t four, uint32_t& lo, uint
         : "=r"(lo), "=r"(hi)
         : "r"(four));
   }
-}
-
-// The same four e4m3 values by integer operations instead of the hardware conversion
-// (development: JAX_PAGED_FP8_ALU_WIDEN, below), each as an f16 of 2^-8 times its
-// value: the e4m3 byte b, moved into an f16's bit positions with its sign bit
-// doubled (b + (b & 0x80), shifted by 7), is that f16 exactly for every finite
-// value, subnormals included (f16's exponent bias is 8 more than e4m3's); the
-// caller folds 256 into its scale. The NaN bytes (0x7F, 0xFF) become +-480 / 256,
-// not NaN. One byte permute, one AND, one add and one shift per pair, on the
-// integer pipe, where the hardware conversion runs on its own, slower one (e5m2's
-// byte-permute widening measured 2.4% faster at head 64 on an H100, forty-fifth
-// session).
-__device__ __forceinline__ void Fp8E4m3x4ToScaledHalf2x2(uint32_t four, uint32_t& lo,
-                                                        uint32_t& hi) {
-  const uint32_t x_lo = __byte_perm(four, 0u, 0x4140u);  // bytes 0, 1 at bits 0, 16
-  const uint32_t x_hi = __byte_perm(four, 0u, 0x4342u);  // bytes 2, 3
-  lo = (x_lo + (x_lo & 0x00800080u)) << 7;
-  hi = (x_hi + (x_hi & 0x00800080u)) << 7;
 }
 
 // A bf16 query staged for fp8 caches' f16 products: |x| of a packed bf16 pair's
@@ -503,7 +493,7 @@ constexpr bool kPlainAllValid = false;
 // of the tile before.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false, int kAluWiden = 0>
+          bool kDeferPv = false>
 __global__ void __launch_bounds__(
     (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                    kWarpgroups>::kCtaThreads),
@@ -533,10 +523,6 @@ __global__ void __launch_bounds__(
   static_assert(!kHalfRows || (kPlain && kRowBlocks == 1 && C::kMma),
                 "half rows: the plain mma decode step");
   constexpr int kFragRows = kHalfRows ? 1 : 2;  // fragment rows (gid, gid + 8) computed
-  // kAluWiden (development, JAX_PAGED_FP8_ALU_WIDEN): the plain step on e4m3 pages widens
-  // K (bit 1) and / or V (bit 2) by integer operations (Fp8E4m3x4ToScaledHalf2x2).
-  static_assert(kAluWiden == 0 || (kPlain && !kWgmma && std::is_same_v<TC, __nv_fp8_e4m3>),
-                "integer widening: the plain step on e4m3 pages");
 #ifdef JAX_PAGED_TRACE
   // Thread 0 stores each of the CTA's timestamps into its trace row when it takes it
   // (the row's entry clock first, replaced by a difference at the exit), and the row's
@@ -1026,13 +1012,10 @@ __global__ void __launch_bounds__(
   float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
   // (The fp8 wgmma form multiplies P by 256 before its split, and O by 1/256 here.)
   if constexpr (kWgFp8) v_scale *= 1.0f / 256.0f;
-  // (Integer-widened pages are 2^-8 times their values.)
-  if constexpr ((kAluWiden & 2) != 0) v_scale *= 256.0f;
-  constexpr float kKWiden = (kAluWiden & 1) != 0 ? 256.0f : 1.0f;
   const float soft_cap = p.soft_cap;
   // Without a soft cap the logits are computed directly in log2 units; with
   // one, in natural units, capped, then converted.
-  const float qk_scale = p.scale * k_scale * kKWiden * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
+  const float qk_scale = p.scale * k_scale * (soft_cap > 0.0f ? 1.0f : kLog2e) / q_scale;
   const float cap_inv = soft_cap > 0.0f ? 1.0f / soft_cap : 0.0f;
   const float cap2 = soft_cap * kLog2e;
   // This lane's two rows: ALiBi slope (units of qk_scale) and token range.
@@ -1513,10 +1496,7 @@ __global__ void __launch_bounds__(
               const uint32_t raw =
                   *reinterpret_cast<const uint32_t*>(kptr + k8_off[h] + nt * 32 + ks * 16 * BS);
               uint32_t b0, b1;
-              if constexpr ((kAluWiden & 1) != 0)
-                Fp8E4m3x4ToScaledHalf2x2(raw, b0, b1);
-              else
-                Fp8x4ToHalf2x2<TC>(raw, b0, b1);
+              Fp8x4ToHalf2x2<TC>(raw, b0, b1);
               Mma16816<TM>(sw[h][nt], a, b0, b1);
             }
         }
@@ -1817,10 +1797,7 @@ __global__ void __launch_bounds__(
                 uint32_t raw = *reinterpret_cast<const uint32_t*>(vptr + v8_off[h] + n * 8 * BS);
                 if constexpr (decltype(kMasked)::value) raw &= byte_mask[h];
                 uint32_t b0, b1;
-                if constexpr ((kAluWiden & 2) != 0)
-                  Fp8E4m3x4ToScaledHalf2x2(raw, b0, b1);
-                else
-                  Fp8x4ToHalf2x2<TC>(raw, b0, b1);
+                Fp8x4ToHalf2x2<TC>(raw, b0, b1);
                 Mma16816<TM>(o[n], paw[h], b0, b1);
               }
           };
@@ -2206,14 +2183,14 @@ struct GroupedInstance {
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false, int kAluWiden = 0>
+          bool kDeferPv = false>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
                           kWarpgroups>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                  kWarpgroups, kDeferPv, kAluWiden>,
+                                  kWarpgroups, kDeferPv>,
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
           C::kCtaThreads};
 }
@@ -2419,38 +2396,13 @@ GroupedInstance GroupedInstanceForBlockSize(int block_size) {
 // once, for A/B runs in one build). (H200, sixteenth session, against the
 // full-rows form over twelve configurations: decode -4.3% to +0.2%, fp8 e4m3
 // -4.2% to +0.1%, the soft cap -6.2% to +1.3%; BENCHMARKS.md.)
-// The integer widening of e4m3 pages (development: JAX_PAGED_FP8_ALU_WIDEN=1 for K, 2 for V,
-// 3 for both; read once): the half-rows plain step at 16-token pages only.
-inline int Fp8AluWidenMode() {
-  static const int mode = [] {
-    const char* v = std::getenv("JAX_PAGED_FP8_ALU_WIDEN");
-    return v != nullptr && v[0] >= '1' && v[0] <= '3' && v[1] == '\0' ? v[0] - '0' : 0;
-  }();
-  return mode;
-}
 template <typename T, typename TC, int D, bool kCap>
 GroupedInstance PlainInstance(const PagedAttentionParams& p) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kMma) {
     static const bool half_rows_enabled = !EnvIs("JAX_PAGED_HALF_ROWS", "0");
-    if (RowsPerKvHead(p) <= kMaxRows / 2 && half_rows_enabled) {
-      if constexpr (std::is_same_v<TC, __nv_fp8_e4m3>) {
-        if (const int mode = Fp8AluWidenMode(); mode != 0 && p.block_size == 16) {
-          static std::atomic<bool> told{false};
-          if (!told.exchange(true))
-            std::fprintf(stderr,
-                         "jax_paged: JAX_PAGED_FP8_ALU_WIDEN=%d: e4m3 pages widened by integer "
-                         "operations (development)\n",
-                         mode);
-          if (mode == 1)
-            return GroupedInstanceOf<T, TC, D, true, 16, kCap, 1, false, true, 1, false, 1>();
-          if (mode == 2)
-            return GroupedInstanceOf<T, TC, D, true, 16, kCap, 1, false, true, 1, false, 2>();
-          return GroupedInstanceOf<T, TC, D, true, 16, kCap, 1, false, true, 1, false, 3>();
-        }
-      }
+    if (RowsPerKvHead(p) <= kMaxRows / 2 && half_rows_enabled)
       return GroupedInstanceForBlockSize<T, TC, D, true, kCap, 1, false, true>(p.block_size);
-    }
   }
   return GroupedInstanceForBlockSize<T, TC, D, true, kCap>(p.block_size);
 }

@@ -369,8 +369,15 @@ def run_timing(step, carry0, sets, args, step_jit=None) -> dict:
 def _one_call_per_iteration(args) -> argparse.Namespace:
     """The loop method's arguments for a reference kernel timed one call per iteration:
     XLA fuses unrolled increments into one pass, and a matrix product is long enough
-    on its own."""
-    return argparse.Namespace(**dict(vars(args), min_calls_per_iter=1))
+    on its own. The references take at least --ref-target-ms per long sample and
+    --ref-reps pairs, whatever the rows take: every row's fraction of copy divides by
+    one figure, and a copy call lasts ~1.4 ms on a 2 GiB array, so at --target-ms 10
+    its loop stayed at R = 2, whose slope pairs (2 against 4 calls) spread by ~7%
+    (forty-fifth session: 2.95-3.16 TB/s over four runs on one H100, while the same
+    runs' attention rows moved ~1%)."""
+    return argparse.Namespace(**dict(vars(args), min_calls_per_iter=1,
+                                     target_ms=max(args.target_ms, args.ref_target_ms),
+                                     reps=max(args.reps, args.ref_reps)))
 
 
 def measure_copy_bandwidth(args) -> dict:
@@ -382,8 +389,10 @@ def measure_copy_bandwidth(args) -> dict:
     res: dict[str, Any] = dict(array_bytes=n_elem * 4, bytes_per_call=nbytes,
                                kernel="y = x + 1 (float32), bytes read + written")
     inc = lambda c: c + jnp.float32(1.0)  # noqa: E731
+    ref_args = _one_call_per_iteration(args)
+    res.update(target_ms=ref_args.target_ms, reps=ref_args.reps)
     try:
-        t = time_loop(inc, x, [()], _one_call_per_iteration(args))
+        t = time_loop(inc, x, [()], ref_args)
         res["loop"] = dict(us=t["median_s"] * 1e6, tbps=nbytes / t["median_s"] / 1e12,
                            R=t["R"], samples_us=[s * 1e6 for s in t["samples_s"]],
                            note="in-place update of the loop carry")
@@ -391,7 +400,7 @@ def measure_copy_bandwidth(args) -> dict:
         res["loop"] = dict(error=short_error(e))
     try:
         f = jax.jit(inc)
-        t = time_dispatch(f, x, [()], args)
+        t = time_dispatch(f, x, [()], ref_args)
         res["dispatch"] = dict(us=t["median_s"] * 1e6, tbps=nbytes / t["median_s"] / 1e12,
                                calls_per_sample=t["calls_per_sample"],
                                samples_us=[s * 1e6 for s in t["samples_s"]],
@@ -1226,6 +1235,11 @@ def parse_args(argv=None):
                    help="max iterations R of the loop method's short loop (its long one makes 2R); "
                         "max calls per sample of the dispatch method")
     p.add_argument("--copy-gb", type=float, default=None, help="GiB of the copy-bandwidth array")
+    p.add_argument("--ref-target-ms", type=float, default=40.0,
+                   help="least --target-ms of the two references, the copy bandwidth and the "
+                        "matrix-product rate (each row's %%copy and %%roof divide by them)")
+    p.add_argument("--ref-reps", type=int, default=9,
+                   help="least --reps of the two references")
     p.add_argument("--matmul-n", type=int, default=None,
                    help="size n of the [n, n] matrix product whose same-run rate bounds the rows' "
                         "arithmetic (%%roof; default 8192 on a GPU, 2048 with --quick, 256 elsewhere; 0: "

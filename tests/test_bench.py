@@ -269,3 +269,35 @@ def test_roofline_is_the_longer_of_the_two_bounds():
     assert bench.roofline_s(100e9, 1e9, 4.0, 500.0) == pytest.approx(250e-6)
     assert bench.roofline_s(200e9, 1e9, 4.0, 500.0) == pytest.approx(400e-6)
     assert bench.roofline_s(1, 1, None, 500.0) is None and bench.roofline_s(1, 1, 4.0, None) is None
+
+
+def test_references_take_their_own_least_sample_length_and_count(monkeypatch):
+    """The copy bandwidth and the matrix-product rate divide every row's %copy and %roof,
+    so they are timed with at least --ref-target-ms per long sample and --ref-reps pairs
+    even when the rows are timed shorter (forty-fifth session: at --target-ms 10 the copy
+    loop stayed at R = 2 and read 2.95-3.16 TB/s over four runs on one H100); a longer
+    --target-ms or more --reps still apply to them."""
+    _, args = bench.parse_args(["--target-ms", "10", "--reps", "5"])
+    ref = bench._one_call_per_iteration(args)
+    assert (ref.target_ms, ref.reps, ref.min_calls_per_iter) == (40.0, 9, 1)
+    assert (args.target_ms, args.reps) == (10.0, 5)  # the rows' own settings are untouched
+    _, args = bench.parse_args(["--target-ms", "60", "--reps", "15", "--ref-reps", "3"])
+    ref = bench._one_call_per_iteration(args)
+    assert (ref.target_ms, ref.reps) == (60.0, 15)
+    # The copy measurement passes them to both of its timings and records them.
+    _, args = bench.parse_args(["--target-ms", "10", "--reps", "5", "--copy-gb", "0.0001"])
+    seen = []
+
+    def fake_loop(step, carry0, sets, a):
+        seen.append(("loop", a.target_ms, a.reps))
+        return dict(median_s=1e-3, samples_s=[1e-3], R=2)
+
+    def fake_dispatch(step_jit, carry0, sets, a):
+        seen.append(("dispatch", a.target_ms, a.reps))
+        return dict(median_s=1e-3, samples_s=[1e-3], calls_per_sample=1)
+
+    monkeypatch.setattr(bench, "time_loop", fake_loop)
+    monkeypatch.setattr(bench, "time_dispatch", fake_dispatch)
+    res = bench.measure_copy_bandwidth(args)
+    assert seen == [("loop", 40.0, 9), ("dispatch", 40.0, 9)]
+    assert (res["target_ms"], res["reps"]) == (40.0, 9) and res["tbps"] > 0

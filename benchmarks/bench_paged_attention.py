@@ -374,7 +374,7 @@ def _one_call_per_iteration(args) -> argparse.Namespace:
     one figure, and a copy call lasts ~1.4 ms on a 2 GiB array, so at --target-ms 10
     its loop stayed at R = 2, whose slope pairs (2 against 4 calls) spread by ~7%
     (forty-fifth session: 2.95-3.16 TB/s over four runs on one H100, while the same
-    runs' attention rows moved ~1%)."""
+    runs' bf16 rows moved 0.8-2.0%)."""
     return argparse.Namespace(**dict(vars(args), min_calls_per_iter=1,
                                      target_ms=max(args.target_ms, args.ref_target_ms),
                                      reps=max(args.reps, args.ref_reps)))

@@ -21,6 +21,13 @@
 //               grid of the grouped kernel's own size.
 //   + tiny      the same call followed by a second small kernel (32 CTAs,
 //               like the V2 reduce at B=1): what the second launch costs.
+//   cluster     (`read_floor REPS cluster`: these cases only) the fp8 B=1 shape
+//               in thread-block clusters whose CTAs, after their tiles, merge a
+//               stand-in for their partial results through distributed shared
+//               memory: the floor of split-K partitions merged inside a cluster
+//               instead of by the V2 reduce's second kernel (with one cluster of
+//               16 CTAs per KV head, 8 x 16 = 128 CTAs, one per SM, nothing is
+//               left to merge after the call; forty-fifth session, not yet run).
 //   hold        (`read_floor REPS hold`: these cases only) the fp8 head-64
 //               shape with every thread waiting N SM cycles per tile, a
 //               stand-in for the tile's arithmetic, before the stage's release
@@ -39,6 +46,7 @@
 // writes). Launches are timed both as plain stream launches and as one CUDA
 // graph of all the calls of a sample (XLA runs the benchmark's loop body as a
 // command buffer, i.e. a graph).
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,6 +61,7 @@
 #include "kernels/grouped_attention.cuh"  // the grouped kernel's mbarrier / bulk-copy wrappers
 
 namespace g = jax_paged::cuda::grouped;
+namespace cg = cooperative_groups;
 
 #define CHECK(call)                                                                   \
   do {                                                                                \
@@ -109,10 +118,17 @@ __global__ void ReadContiguous(const uint4* x, size_t n, unsigned* sink) {
 // many SM cycles per tile, a stand-in for the tile's arithmetic, before the
 // stage's release (hold_after 0: the stage stays out of flight meanwhile, as
 // in the attention kernel) or after it (1: the stage is refilled first, as if
-// the tile's words were in registers).
+// the tile's words were in registers). merge_floats > 0: after its tiles each CTA
+// writes that many floats (a stand-in for its partition's partial result: rows x
+// head size, each row's max and sum) into its shared memory; after a cluster
+// barrier, the CTA of rank r sums the r-th slice of every CTA's floats through
+// distributed shared memory and writes it to `merged` (one row of merge_floats per
+// cluster), and a second barrier keeps every CTA's floats until all reads are done.
+// Launched without a cluster, a CTA is a cluster of one.
 __global__ void ReadPaged(const unsigned char* pool, const int* pages, int num_tiles,
                           int page_bytes, int pages_per_stage, int stages, int* counter,
-                          unsigned* sink, int hold_cycles = 0, int hold_after = 0) {
+                          unsigned* sink, int hold_cycles = 0, int hold_after = 0,
+                          int merge_floats = 0, float* merged = nullptr) {
 #if JAX_PAGED_GROUPED_SM90
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x;
@@ -196,6 +212,24 @@ __global__ void ReadPaged(const unsigned char* pool, const int* pages, int num_t
       phase ^= 1u;
     }
   }
+  if (merge_floats > 0) {
+    // (Every tile was consumed before the end marker: no copy still lands in the stages.)
+    cg::cluster_group cluster = cg::this_cluster();
+    float* part = reinterpret_cast<float*>(smem);
+    __syncthreads();
+    for (int i = tid; i < merge_floats; i += blockDim.x) part[i] = static_cast<float>(acc & 0xffu);
+    cluster.sync();
+    const int ranks = static_cast<int>(cluster.num_blocks());
+    const int rank = static_cast<int>(cluster.block_rank());
+    const int chunk = (merge_floats + ranks - 1) / ranks;
+    const int hi = min(merge_floats, (rank + 1) * chunk);
+    for (int i = rank * chunk + tid; i < hi; i += blockDim.x) {
+      float sum = 0.0f;
+      for (int r = 0; r < ranks; ++r) sum += cluster.map_shared_rank(part, r)[i];
+      merged[static_cast<long long>(blockIdx.x / ranks) * merge_floats + i] = sum;
+    }
+    cluster.sync();
+  }
   if (acc == kMagic) sink[0] = acc;
 #endif
 }
@@ -262,6 +296,8 @@ struct PagedCase {
                     // 2: static tiles, the same memset (its cost alone)
   int hold_cycles = 0;  // per tile, before (hold_after 0) or after (1) the stage's release
   int hold_after = 0;
+  int cluster = 0;       // CTAs per thread-block cluster (0: a plain launch)
+  int merge_floats = 0;  // per CTA, merged in its cluster after the tiles (see ReadPaged)
 };
 
 }  // namespace
@@ -271,6 +307,8 @@ int main(int argc, char** argv) {
   // `read_floor REPS hold`: only the hold cases (a tile's arithmetic held before
   // or after its stage's release, at the fp8 head-64 shape).
   const bool hold_only = argc > 2 && std::string(argv[2]) == "hold";
+  // `read_floor REPS cluster`: only the cluster cases (split-K merged in clusters).
+  const bool cluster_only = argc > 2 && std::string(argv[2]) == "cluster";
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -323,7 +361,7 @@ int main(int argc, char** argv) {
   // ---- contiguous reads, per-call time against bytes ------------------------
   const double mb = 1 << 20;
   for (double w_mb : {8.0, 16.0, 32.0, 64.0, 128.0, 256.0}) {
-    if (hold_only) break;
+    if (hold_only || cluster_only) break;
     const size_t w = static_cast<size_t>(w_mb * mb);
     const int sets = static_cast<int>(std::min<size_t>(pool_bytes / w, std::max<size_t>(2, (rotate_bytes + w - 1) / w)));
     const uint4* x = reinterpret_cast<const uint4*>(pool);
@@ -378,12 +416,38 @@ int main(int argc, char** argv) {
     }
   for (size_t i = 0; i < hold_cases.size(); ++i) hold_cases[i].what = hold_names[i].c_str();
   const std::vector<std::pair<double, std::vector<PagedCase>>> hold_group = {{256.0, hold_cases}};
+  // The cluster cases (only with `cluster`): the fp8 B=1 shape (8 KV heads, 2 KB
+  // pages), each CTA a partition whose partial result (4 rows x 128 dims, each row's
+  // max and sum: 520 floats) is merged in its cluster. With clusters of 16 at 128 CTAs
+  // each KV head's partitions are one cluster; at 256 CTAs two clusters per KV head
+  // would still leave two partials to merge, at 512 four. Against them the plain
+  // launches of the same shapes and the grouped kernel's own shape with the second
+  // kernel that stands in for the V2 reduce.
+  const std::vector<std::pair<double, std::vector<PagedCase>>> cluster_group = {
+      {64.0,
+       {{"as grouped fp8 B=1, + tiny kernel (the reduce's stand-in)", 2048, 8, 3, 4, 512, true, 0},
+        {"1/SM, 6 x 32 KB, plain launch", 2048, 16, 6, 1, 128, false, 0},
+        {"1/SM, 6 x 32 KB, clusters of 16, merged (none left)", 2048, 16, 6, 1, 128, false, 0, 0,
+         0, 16, 520},
+        {"1/SM, 12 x 16 KB, clusters of 16, merged (none left)", 2048, 8, 12, 1, 128, false, 0, 0,
+         0, 16, 520},
+        {"2/SM, 3 x 32 KB, plain launch", 2048, 16, 3, 2, 256, false, 0},
+        {"2/SM, 3 x 32 KB, clusters of 16, merged (2 per KV head left)", 2048, 16, 3, 2, 256,
+         false, 0, 0, 0, 16, 520},
+        {"2/SM, 3 x 32 KB, clusters of 8, merged (4 per KV head left)", 2048, 16, 3, 2, 256,
+         false, 0, 0, 0, 8, 520},
+        {"4/SM, 3 x 16 KB, clusters of 16, merged (4 per KV head left)", 2048, 8, 3, 4, 512,
+         false, 0, 0, 0, 16, 520}}}};
+  float* merged;
+  CHECK(cudaMalloc(&merged, size_t{1} << 22));  // 4 MB: (grid / cluster) rows of merge_floats
+  // Clusters of 16 are beyond the portable 8 (Hopper allows them).
+  CHECK(cudaFuncSetAttribute(ReadPaged, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   std::mt19937 rng(7);
   int* pages_dev;
   CHECK(cudaMalloc(&pages_dev, (pool_bytes / 1024) * sizeof(int)));
   CHECK(cudaFuncSetAttribute(ReadPaged, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(prop.sharedMemPerMultiprocessor) - 1024));
-  for (const auto& [w_mb, cases] : hold_only ? hold_group : groups) {
+  for (const auto& [w_mb, cases] : hold_only ? hold_group : cluster_only ? cluster_group : groups) {
     const size_t w = static_cast<size_t>(w_mb * mb);
     const int sets = static_cast<int>(std::max<size_t>(2, (rotate_bytes + w - 1) / w));
     std::printf("paged read of %.1f MB per call (%d sets)\n", w / 1e6, sets);
@@ -413,16 +477,49 @@ int main(int argc, char** argv) {
       }
       int fit = 0;
       CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, ReadPaged, kThreads, pad));
+      // A cluster launch: the clusters that fit at once (a grid of more runs in waves).
+      cudaLaunchAttribute cluster_attr{};
+      cluster_attr.id = cudaLaunchAttributeClusterDimension;
+      cluster_attr.val.clusterDim.x = static_cast<unsigned>(c.cluster);
+      cluster_attr.val.clusterDim.y = cluster_attr.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(static_cast<unsigned>(grid));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = static_cast<size_t>(pad);
+      config.stream = stream;
+      config.attrs = &cluster_attr;
+      config.numAttrs = 1;
+      int clusters_fit = 0;
+      if (c.cluster > 0) {
+        if (grid % c.cluster != 0 || static_cast<size_t>(grid / c.cluster) * c.merge_floats * 4 >
+                                         (size_t{1} << 22)) {
+          std::printf("  %s: grid %d does not fit clusters of %d\n", c.what, grid, c.cluster);
+          continue;
+        }
+        CHECK(cudaOccupancyMaxActiveClusters(&clusters_fit, ReadPaged, &config));
+      }
       auto launch = [&](int i) {
         if (c.dynamic != 0) CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
-        ReadPaged<<<grid, kThreads, pad, stream>>>(
-            pool, pages_dev + static_cast<size_t>(i % sets) * pages_per_call, num_tiles,
-            c.page_bytes, c.pages_per_stage, c.stages, c.dynamic == 1 ? counter : nullptr, sink,
-            c.hold_cycles, c.hold_after);
+        const unsigned char* pool_c = pool;
+        const int* pages_c = pages_dev + static_cast<size_t>(i % sets) * pages_per_call;
+        int* counter_c = c.dynamic == 1 ? counter : nullptr;
+        if (c.cluster > 0) {
+          CHECK(cudaLaunchKernelEx(&config, ReadPaged, pool_c, pages_c, num_tiles, c.page_bytes,
+                                   c.pages_per_stage, c.stages, counter_c, sink, c.hold_cycles,
+                                   c.hold_after, c.merge_floats, merged));
+        } else {
+          ReadPaged<<<grid, kThreads, pad, stream>>>(pool_c, pages_c, num_tiles, c.page_bytes,
+                                                     c.pages_per_stage, c.stages, counter_c, sink,
+                                                     c.hold_cycles, c.hold_after);
+        }
         if (c.tiny) Tiny<<<32, kThreads, 0, stream>>>(tiny_in, tiny_out);
       };
-      char name[128];
-      std::snprintf(name, sizeof(name), "  %s [grid %d, %d/SM fit]", c.what, grid, fit);
+      char name[160];
+      if (c.cluster > 0)
+        std::snprintf(name, sizeof(name), "  %s [grid %d, %d/SM fit, %d clusters of %d fit]",
+                      c.what, grid, fit, clusters_fit, c.cluster);
+      else
+        std::snprintf(name, sizeof(name), "  %s [grid %d, %d/SM fit]", c.what, grid, fit);
       report(name, static_cast<double>(num_tiles) * stage_bytes,
              UsPerCall(launch, calls, reps, false, stream), UsPerCall(launch, calls, reps, true, stream));
     }
@@ -431,5 +528,6 @@ int main(int argc, char** argv) {
   CHECK(cudaMemcpy(&s, sink, 4, cudaMemcpyDeviceToHost));  // (never kMagic in practice)
   CHECK(cudaFree(pool));
   CHECK(cudaFree(pages_dev));
+  CHECK(cudaFree(merged));
   return 0;
 }

@@ -28,6 +28,9 @@
 #   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
 #   CEILING=1        also run benchmarks/wgmma_ceiling.cu as the install built it (after the
 #                    env stage; output in ceiling.log)
+#   FLOOR="REPS [MODE]"  also run benchmarks/read_floor.cu as the install built it, with these
+#                    arguments (e.g. FLOOR="15 cluster"; after the env stage; output in
+#                    floor.log; FLOOR_BIN overrides the binary's path)
 #   BENCH_ARGS       extra benchmark arguments, e.g. BENCH_ARGS="--config 16,40,8,4096 --reps 9"
 #   BENCH_ENVS       ';'-separated environment assignments: the bench stage runs once per
 #                    entry (stages bench_1, bench_2, ...; bench_<i>.json in OUT), e.g.
@@ -55,8 +58,8 @@
 #   DECODE_ARGS      arguments common to every decode variant (default: the Llama-3-8B shapes with
 #                    4 layers, 32 requests of 1000-2000 prompt tokens, 128 new tokens each)
 #   BUNDLE=1         pack OUT's files except summary.txt into OUT/bundle.tar.gz at the end
-#   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT CEILING_TIMEOUT DECODE_TIMEOUT
-#                    seconds per stage (defaults 420 / 540 / 240 / 420 / 120 / 240)
+#   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT CEILING_TIMEOUT FLOOR_TIMEOUT DECODE_TIMEOUT
+#                    seconds per stage (defaults 420 / 540 / 240 / 420 / 120 / 300 / 240)
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -194,6 +197,21 @@ if [ "${CEILING:-0}" = 1 ]; then
   else
     run_stage ceiling "$OUTDIR/ceiling.log" "${CEILING_TIMEOUT:-120}" "$CEILING_BIN"
     DETAIL[ceiling]="$CEILING_BIN; checks: $(grep -c ': ok$' "$OUTDIR/ceiling.log") ok, $(grep -c 'WRONG$' "$OUTDIR/ceiling.log") wrong"
+  fi
+fi
+
+# ---- 2c. the bare paged read's floor (FLOOR="REPS [MODE]") -------------------
+# benchmarks/read_floor.cu as the install built it (jax_paged_read_floor in the build
+# directory), FLOOR's words as its arguments: seconds to a few minutes (benchmarks/README.md).
+if [ -n "${FLOOR:-}" ]; then
+  FLOOR_BIN=${FLOOR_BIN:-$(ls -t build/*/jax_paged_read_floor 2>/dev/null | head -n 1)}
+  if [ -z "$FLOOR_BIN" ]; then
+    STAGES+=(floor); RESULT[floor]="FAILED (build/*/jax_paged_read_floor not found)"
+    echo; echo "=== [floor] ${RESULT[floor]}"
+  else
+    # shellcheck disable=SC2086  # FLOOR is a list of arguments
+    run_stage floor "$OUTDIR/floor.log" "${FLOOR_TIMEOUT:-300}" "$FLOOR_BIN" $FLOOR
+    DETAIL[floor]="$FLOOR_BIN $FLOOR"
   fi
 fi
 

@@ -285,3 +285,26 @@ def test_gpu_check_kills_what_a_stage_left_and_nothing_else(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_gpu_check_floor_stage_runs_read_floor_with_its_arguments(tmp_path):
+    """FLOOR="REPS MODE": the read_floor program the install built, run after the env
+    stage with FLOOR's words as its arguments, its output in floor.log and the stage in
+    the summary (here a stand-in binary named by FLOOR_BIN); a stage that fails says so."""
+    fake = tmp_path / "read_floor"
+    fake.write_text('#!/bin/bash\necho "read_floor args: $*"\n[ "$2" != fail ]\n')
+    fake.chmod(0o755)
+    for mode, ok in (("cluster", True), ("fail", False)):
+        out = tmp_path / f"out_{mode}"
+        env = _script_env(PYTHON=sys.executable, OUT=str(out), SKIP_INSTALL="1", SKIP_TESTS="1",
+                          SKIP_SANITIZER="1", SKIP_BENCH="1", FLOOR=f"15 {mode}",
+                          FLOOR_BIN=str(fake))
+        run = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert (out / "floor.log").read_text() == f"read_floor args: 15 {mode}\n"
+        (line,) = [x for x in (out / "summary.txt").read_text().splitlines()
+                   if x.startswith("floor ")]
+        if ok:
+            assert run.returncode == 0 and " ok " in line and f"15 {mode}" in line, line
+        else:
+            assert run.returncode != 0 and "FAILED (exit 1)" in line, line

@@ -1538,3 +1538,37 @@ def test_gpu_plain_step_half_and_full_rows(cache_dtype, num_heads, num_kv_heads)
         compare("gpu", inp, "grouped", scale=0.5, soft_cap=2.0, return_lse=True)
         compare("gpu", inp, "grouped", scale=0.5, soft_cap=2.0, sliding_window=17,
                 return_lse=True)
+
+
+def _check_fp8_plain_step(platform, head_size, block_size):
+    """test_gpu_fp8_plain_step_every_head_and_block_size's checks on one platform."""
+    rng = np.random.default_rng(head_size * 100 + block_size)
+    lens = [0, 1, block_size, block_size + 1, 511, 512, 513, 2049]
+    # (4 query heads per KV head: the half-rows form; 16: the full rows.)
+    for cache_dtype, num_heads, query_dtype in ((jnp.float8_e4m3fn, 8, jnp.bfloat16),
+                                                (jnp.float8_e5m2, 32, jnp.float16)):
+        inp = make_inputs(rng, lens, num_heads, 2, head_size, block_size, cache_dtype,
+                          query_dtype=query_dtype)
+        scales = dict(k_scale=_scales("per_head", 2, rng), v_scale=np.float32(0.8))
+        compare(platform, inp, "grouped", return_lse=True, **scales)
+        compare(platform, inp, "grouped", sliding_window=17, return_lse=True, **scales)
+
+
+@requires_gpu
+@pytest.mark.parametrize("head_size", [64, 80, 96, 112, 128, 192, 256])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_gpu_fp8_plain_step_every_head_and_block_size(head_size, block_size):
+    """The fp8 decode step's kernels are instantiated per head size and block size
+    (constant shared-memory offsets; at head 64, 32-token warp slices): every pair,
+    both fp8 formats and query dtypes, half and full rows, at edge lengths (0, 1, page
+    and 512-token boundaries, one that splits over partitions) with NaN in every unused
+    cache slot, per-head k scales, lse, and a 17-token window. (Until the
+    forty-fifth session the GPU suite tested this step only at head 128 on 16-token
+    pages; the benchmark's rows checked head 64 without poison or edges.)"""
+    _check_fp8_plain_step("gpu", head_size, block_size)
+
+
+def test_fp8_plain_step_checks_on_cpu():
+    """The GPU test above, its checks run on the CPU kernels at one head and block size
+    (so that the test itself runs in CI)."""
+    _check_fp8_plain_step("cpu", 64, 8)

@@ -366,15 +366,15 @@ def run_timing(step, carry0, sets, args, step_jit=None) -> dict:
 # ---------------------------------------------------------------------------
 # Copy bandwidth
 # ---------------------------------------------------------------------------
-def _one_call_per_iteration(args) -> argparse.Namespace:
-    """The loop method's arguments for a reference kernel timed one call per iteration:
-    XLA fuses unrolled increments into one pass, and a matrix product is long enough
-    on its own. The references take at least --ref-target-ms per long sample and
-    --ref-reps pairs, whatever the rows take: every row's fraction of copy divides by
-    one figure, and a copy call lasts ~1.4 ms on a 2 GiB array, so at --target-ms 10
-    its loop stayed at R = 2, whose slope pairs (2 against 4 calls) spread by ~7%
-    (forty-fifth session: 2.95-3.16 TB/s over four runs on one H100, while the same
-    runs' bf16 rows moved 0.8-2.0%)."""
+def _reference_args(args) -> argparse.Namespace:
+    """The timing arguments of the two references (copy bandwidth, matrix-product rate).
+    One call per loop iteration: XLA fuses unrolled increments into one pass, and a
+    matrix product is long enough on its own. At least --ref-target-ms per long sample
+    and --ref-reps pairs, whatever the rows take, since every row's fraction divides by
+    them: a copy call lasts ~1.4 ms on a 2 GiB array, so at --target-ms 10 its loop stayed
+    at R = 2, whose slope pairs (2 against 4 calls) spread by ~7% (forty-fifth session:
+    2.95-3.16 TB/s over four runs on one H100, while the same runs' bf16 rows moved
+    0.8-2.0%)."""
     return argparse.Namespace(**dict(vars(args), min_calls_per_iter=1,
                                      target_ms=max(args.target_ms, args.ref_target_ms),
                                      reps=max(args.reps, args.ref_reps)))
@@ -389,7 +389,7 @@ def measure_copy_bandwidth(args) -> dict:
     res: dict[str, Any] = dict(array_bytes=n_elem * 4, bytes_per_call=nbytes,
                                kernel="y = x + 1 (float32), bytes read + written")
     inc = lambda c: c + jnp.float32(1.0)  # noqa: E731
-    ref_args = _one_call_per_iteration(args)
+    ref_args = _reference_args(args)
     res.update(target_ms=ref_args.target_ms, reps=ref_args.reps)
     try:
         t = time_loop(inc, x, [()], ref_args)
@@ -436,7 +436,7 @@ def measure_matmul_rate(args) -> dict:
                                  * (1.0 / math.sqrt(n))).astype(dtype))(k2))
     try:
         t = time_loop(lambda c, b: c @ b, c, [(b,)],
-                      _one_call_per_iteration(args))
+                      _reference_args(args))
         res.update(us=t["median_s"] * 1e6, tflops=res["flops_per_call"] / t["median_s"] / 1e12,
                    R=t["R"], samples_us=[s * 1e6 for s in t["samples_s"]])
     except Exception as e:  # pragma: no cover

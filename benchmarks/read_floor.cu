@@ -296,9 +296,12 @@ struct PagedCase {
                     // 2: static tiles, the same memset (its cost alone)
   int hold_cycles = 0;  // per tile, before (hold_after 0) or after (1) the stage's release
   int hold_after = 0;
-  int cluster = 0;       // CTAs per thread-block cluster (0: a plain launch)
-  int merge_floats = 0;  // per CTA, merged in its cluster after the tiles (see ReadPaged)
+  int cluster = 0;  // CTAs per thread-block cluster, whose partials merge (0: a plain launch)
 };
+
+// The partial result each CTA of a cluster case merges (ReadPaged's merge_floats): 4 query
+// rows x head size 128, plus each row's max and sum.
+constexpr int kMergeFloats = 4 * 128 + 2 * 4;
 
 }  // namespace
 
@@ -417,8 +420,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < hold_cases.size(); ++i) hold_cases[i].what = hold_names[i].c_str();
   const std::vector<std::pair<double, std::vector<PagedCase>>> hold_group = {{256.0, hold_cases}};
   // The cluster cases (only with `cluster`): the fp8 B=1 shape (8 KV heads, 2 KB
-  // pages), each CTA a partition whose partial result (4 rows x 128 dims, each row's
-  // max and sum: 520 floats) is merged in its cluster. With clusters of 16 at 128 CTAs
+  // pages), each CTA a partition whose partial result (kMergeFloats) is merged in its
+  // cluster. With clusters of 16 at 128 CTAs
   // each KV head's partitions are one cluster; at 256 CTAs two clusters per KV head
   // would still leave two partials to merge, at 512 four. Against them the plain
   // launches of the same shapes and the grouped kernel's own shape with the second
@@ -428,16 +431,16 @@ int main(int argc, char** argv) {
        {{"as grouped fp8 B=1, + tiny kernel (the reduce's stand-in)", 2048, 8, 3, 4, 512, true, 0},
         {"1/SM, 6 x 32 KB, plain launch", 2048, 16, 6, 1, 128, false, 0},
         {"1/SM, 6 x 32 KB, clusters of 16, merged (none left)", 2048, 16, 6, 1, 128, false, 0, 0,
-         0, 16, 520},
+         0, 16},
         {"1/SM, 12 x 16 KB, clusters of 16, merged (none left)", 2048, 8, 12, 1, 128, false, 0, 0,
-         0, 16, 520},
+         0, 16},
         {"2/SM, 3 x 32 KB, plain launch", 2048, 16, 3, 2, 256, false, 0},
         {"2/SM, 3 x 32 KB, clusters of 16, merged (2 per KV head left)", 2048, 16, 3, 2, 256,
-         false, 0, 0, 0, 16, 520},
+         false, 0, 0, 0, 16},
         {"2/SM, 3 x 32 KB, clusters of 8, merged (4 per KV head left)", 2048, 16, 3, 2, 256,
-         false, 0, 0, 0, 8, 520},
+         false, 0, 0, 0, 8},
         {"4/SM, 3 x 16 KB, clusters of 16, merged (4 per KV head left)", 2048, 8, 3, 4, 512,
-         false, 0, 0, 0, 16, 520}}}};
+         false, 0, 0, 0, 16}}}};
   float* merged;
   CHECK(cudaMalloc(&merged, size_t{1} << 22));  // 4 MB: (grid / cluster) rows of merge_floats
   // Clusters of 16 are beyond the portable 8 (Hopper allows them).
@@ -477,7 +480,7 @@ int main(int argc, char** argv) {
       }
       int fit = 0;
       CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, ReadPaged, kThreads, pad));
-      // A cluster launch: the clusters that fit at once (a grid of more runs in waves).
+      // Every case through one launch path, the cluster cases with their cluster size.
       cudaLaunchAttribute cluster_attr{};
       cluster_attr.id = cudaLaunchAttributeClusterDimension;
       cluster_attr.val.clusterDim.x = static_cast<unsigned>(c.cluster);
@@ -488,11 +491,12 @@ int main(int argc, char** argv) {
       config.dynamicSmemBytes = static_cast<size_t>(pad);
       config.stream = stream;
       config.attrs = &cluster_attr;
-      config.numAttrs = 1;
-      int clusters_fit = 0;
+      config.numAttrs = c.cluster > 0 ? 1 : 0;
+      const int merge_floats = c.cluster > 0 ? kMergeFloats : 0;
+      int clusters_fit = 0;  // (a grid of more clusters runs in waves)
       if (c.cluster > 0) {
-        if (grid % c.cluster != 0 || static_cast<size_t>(grid / c.cluster) * c.merge_floats * 4 >
-                                         (size_t{1} << 22)) {
+        if (grid % c.cluster != 0 ||
+            static_cast<size_t>(grid / c.cluster) * kMergeFloats * 4 > (size_t{1} << 22)) {
           std::printf("  %s: grid %d does not fit clusters of %d\n", c.what, grid, c.cluster);
           continue;
         }
@@ -500,18 +504,11 @@ int main(int argc, char** argv) {
       }
       auto launch = [&](int i) {
         if (c.dynamic != 0) CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
-        const unsigned char* pool_c = pool;
-        const int* pages_c = pages_dev + static_cast<size_t>(i % sets) * pages_per_call;
-        int* counter_c = c.dynamic == 1 ? counter : nullptr;
-        if (c.cluster > 0) {
-          CHECK(cudaLaunchKernelEx(&config, ReadPaged, pool_c, pages_c, num_tiles, c.page_bytes,
-                                   c.pages_per_stage, c.stages, counter_c, sink, c.hold_cycles,
-                                   c.hold_after, c.merge_floats, merged));
-        } else {
-          ReadPaged<<<grid, kThreads, pad, stream>>>(pool_c, pages_c, num_tiles, c.page_bytes,
-                                                     c.pages_per_stage, c.stages, counter_c, sink,
-                                                     c.hold_cycles, c.hold_after);
-        }
+        const int* pages = pages_dev + static_cast<size_t>(i % sets) * pages_per_call;
+        CHECK(cudaLaunchKernelEx(&config, ReadPaged, static_cast<const unsigned char*>(pool),
+                                 pages, num_tiles, c.page_bytes, c.pages_per_stage, c.stages,
+                                 c.dynamic == 1 ? counter : nullptr, sink, c.hold_cycles,
+                                 c.hold_after, merge_floats, merged));
         if (c.tiny) Tiny<<<32, kThreads, 0, stream>>>(tiny_in, tiny_out);
       };
       char name[160];

@@ -186,33 +186,39 @@ except Exception as e:
 EOF
 } | tee -a "$SUMMARY"
 
+# A standalone program the install built (the newest build/*/NAME, or BIN when set), run
+# as stage STAGE (log OUT/STAGE.log) with ARGS; a missing binary fails the stage.
+run_built_program() {
+  local stage=$1 name=$2 bin=$3 tmo=$4
+  shift 4
+  [ -n "$bin" ] || bin=$(ls -t build/*/"$name" 2>/dev/null | head -n 1)
+  if [ -z "$bin" ]; then
+    STAGES+=("$stage"); RESULT[$stage]="FAILED (build/*/$name not found)"
+    echo; echo "=== [$stage] ${RESULT[$stage]}"
+    return 1
+  fi
+  run_stage "$stage" "$OUTDIR/$stage.log" "$tmo" "$bin" "$@"
+  local rc=$?
+  DETAIL[$stage]="$bin${*:+ $*}"
+  return "$rc"
+}
+
 # ---- 2b. the warpgroup-product ceiling (CEILING=1) --------------------------
-# benchmarks/wgmma_ceiling.cu as the install built it (jax_paged_wgmma_ceiling in the
-# build directory): a few seconds; its own checks, then its timings (benchmarks/README.md).
+# benchmarks/wgmma_ceiling.cu as the install built it: a few seconds; its own checks,
+# then its timings (benchmarks/README.md).
 if [ "${CEILING:-0}" = 1 ]; then
-  CEILING_BIN=$(ls -t build/*/jax_paged_wgmma_ceiling 2>/dev/null | head -n 1)
-  if [ -z "$CEILING_BIN" ]; then
-    STAGES+=(ceiling); RESULT[ceiling]="FAILED (build/*/jax_paged_wgmma_ceiling not found)"
-    echo; echo "=== [ceiling] ${RESULT[ceiling]}"
-  else
-    run_stage ceiling "$OUTDIR/ceiling.log" "${CEILING_TIMEOUT:-120}" "$CEILING_BIN"
-    DETAIL[ceiling]="$CEILING_BIN; checks: $(grep -c ': ok$' "$OUTDIR/ceiling.log") ok, $(grep -c 'WRONG$' "$OUTDIR/ceiling.log") wrong"
+  run_built_program ceiling jax_paged_wgmma_ceiling "" "${CEILING_TIMEOUT:-120}"
+  if [ -n "${DETAIL[ceiling]:-}" ]; then  # (it ran, passed or not)
+    DETAIL[ceiling]+="; checks: $(grep -c ': ok$' "$OUTDIR/ceiling.log") ok, $(grep -c 'WRONG$' "$OUTDIR/ceiling.log") wrong"
   fi
 fi
 
 # ---- 2c. the bare paged read's floor (FLOOR="REPS [MODE]") -------------------
-# benchmarks/read_floor.cu as the install built it (jax_paged_read_floor in the build
-# directory), FLOOR's words as its arguments: seconds to a few minutes (benchmarks/README.md).
+# benchmarks/read_floor.cu as the install built it, FLOOR's words as its arguments:
+# seconds to a few minutes (benchmarks/README.md).
 if [ -n "${FLOOR:-}" ]; then
-  FLOOR_BIN=${FLOOR_BIN:-$(ls -t build/*/jax_paged_read_floor 2>/dev/null | head -n 1)}
-  if [ -z "$FLOOR_BIN" ]; then
-    STAGES+=(floor); RESULT[floor]="FAILED (build/*/jax_paged_read_floor not found)"
-    echo; echo "=== [floor] ${RESULT[floor]}"
-  else
-    # shellcheck disable=SC2086  # FLOOR is a list of arguments
-    run_stage floor "$OUTDIR/floor.log" "${FLOOR_TIMEOUT:-300}" "$FLOOR_BIN" $FLOOR
-    DETAIL[floor]="$FLOOR_BIN $FLOOR"
-  fi
+  # shellcheck disable=SC2086  # FLOOR is a list of arguments
+  run_built_program floor jax_paged_read_floor "${FLOOR_BIN:-}" "${FLOOR_TIMEOUT:-300}" $FLOOR
 fi
 
 # ---- 3. tests --------------------------------------------------------------

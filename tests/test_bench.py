@@ -278,11 +278,11 @@ def test_references_take_their_own_least_sample_length_and_count(monkeypatch):
     loop stayed at R = 2 and read 2.95-3.16 TB/s over four runs on one H100); a longer
     --target-ms or more --reps still apply to them."""
     _, args = bench.parse_args(["--target-ms", "10", "--reps", "5"])
-    ref = bench._one_call_per_iteration(args)
+    ref = bench._reference_args(args)
     assert (ref.target_ms, ref.reps, ref.min_calls_per_iter) == (40.0, 9, 1)
     assert (args.target_ms, args.reps) == (10.0, 5)  # the rows' own settings are untouched
     _, args = bench.parse_args(["--target-ms", "60", "--reps", "15", "--ref-reps", "3"])
-    ref = bench._one_call_per_iteration(args)
+    ref = bench._reference_args(args)
     assert (ref.target_ms, ref.reps) == (60.0, 15)
     # The copy measurement passes them to both of its timings and records them.
     _, args = bench.parse_args(["--target-ms", "10", "--reps", "5", "--copy-gb", "0.0001"])

@@ -27,7 +27,8 @@
 //               memory: the floor of split-K partitions merged inside a cluster
 //               instead of by the V2 reduce's second kernel (with one cluster of
 //               16 CTAs per KV head, 8 x 16 = 128 CTAs, one per SM, nothing is
-//               left to merge after the call; forty-fifth session, not yet run).
+//               left to merge after the call; forty-fifth session; on an H100 in the
+//               forty-sixth no such grid fit in one wave: BENCHMARKS.md).
 //   hold        (`read_floor REPS hold`: these cases only) the fp8 head-64
 //               shape with every thread waiting N SM cycles per tile, a
 //               stand-in for the tile's arithmetic, before the stage's release

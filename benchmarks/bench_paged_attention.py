@@ -434,9 +434,10 @@ def measure_matmul_rate(args) -> dict:
     # neither overflows nor underflows.
     b = block(jax.jit(lambda k: (jax.random.normal(k, (n, n), jnp.float32)
                                  * (1.0 / math.sqrt(n))).astype(dtype))(k2))
+    ref_args = _reference_args(args)
+    res.update(target_ms=ref_args.target_ms, reps=ref_args.reps)
     try:
-        t = time_loop(lambda c, b: c @ b, c, [(b,)],
-                      _reference_args(args))
+        t = time_loop(lambda c, b: c @ b, c, [(b,)], ref_args)
         res.update(us=t["median_s"] * 1e6, tflops=res["flops_per_call"] / t["median_s"] / 1e12,
                    R=t["R"], samples_us=[s * 1e6 for s in t["samples_s"]])
     except Exception as e:  # pragma: no cover

@@ -303,6 +303,8 @@ struct PagedCase {
 // The partial result each CTA of a cluster case merges (ReadPaged's merge_floats): 4 query
 // rows x head size 128, plus each row's max and sum.
 constexpr int kMergeFloats = 4 * 128 + 2 * 4;
+// The buffer the clusters' merged partials are written to (grid / cluster rows of kMergeFloats).
+constexpr size_t kMergedBytes = size_t{1} << 22;
 
 }  // namespace
 
@@ -443,7 +445,7 @@ int main(int argc, char** argv) {
         {"4/SM, 3 x 16 KB, clusters of 16, merged (4 per KV head left)", 2048, 8, 3, 4, 512,
          false, 0, 0, 0, 16}}}};
   float* merged;
-  CHECK(cudaMalloc(&merged, size_t{1} << 22));  // 4 MB: (grid / cluster) rows of merge_floats
+  CHECK(cudaMalloc(&merged, kMergedBytes));
   // Clusters of 16 are beyond the portable 8 (Hopper allows them).
   CHECK(cudaFuncSetAttribute(ReadPaged, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   std::mt19937 rng(7);
@@ -497,7 +499,7 @@ int main(int argc, char** argv) {
       int clusters_fit = 0;  // (a grid of more clusters runs in waves)
       if (c.cluster > 0) {
         if (grid % c.cluster != 0 ||
-            static_cast<size_t>(grid / c.cluster) * kMergeFloats * 4 > (size_t{1} << 22)) {
+            static_cast<size_t>(grid / c.cluster) * kMergeFloats * sizeof(float) > kMergedBytes) {
           std::printf("  %s: grid %d does not fit clusters of %d\n", c.what, grid, c.cluster);
           continue;
         }

@@ -301,3 +301,9 @@ def test_references_take_their_own_least_sample_length_and_count(monkeypatch):
     res = bench.measure_copy_bandwidth(args)
     assert seen == [("loop", 40.0, 9), ("dispatch", 40.0, 9)]
     assert (res["target_ms"], res["reps"]) == (40.0, 9) and res["tbps"] > 0
+    # So does the matrix-product rate.
+    _, args = bench.parse_args(["--target-ms", "10", "--reps", "5", "--matmul-n", "8"])
+    seen.clear()
+    res = bench.measure_matmul_rate(args)
+    assert seen == [("loop", 40.0, 9)]
+    assert (res["target_ms"], res["reps"]) == (40.0, 9) and res["tflops"] > 0

@@ -58,6 +58,10 @@
 #   DECODE_ARGS      arguments common to every decode variant (default: the Llama-3-8B shapes with
 #                    4 layers, 32 requests of 1000-2000 prompt tokens, 128 new tokens each)
 #   BUNDLE=1         pack OUT's files except summary.txt into OUT/bundle.tar.gz at the end
+#   ONLY_ON=NAME     run no stage unless nvidia-smi's first GPU name contains NAME (e.g.
+#                    ONLY_ON=H200): otherwise say so in summary.txt and exit 3 at once. (A call
+#                    for an H200 may be given an H100; a card-specific run then costs only the
+#                    machine's start, not an install and a suite whose figures do not compare.)
 #   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT CEILING_TIMEOUT FLOOR_TIMEOUT DECODE_TIMEOUT
 #                    seconds per stage (defaults 420 / 540 / 240 / 420 / 120 / 300 / 240)
 set -u -o pipefail
@@ -134,6 +138,16 @@ source_files | xargs sha256sum > "$OUTDIR/sources.sha256"
   echo "gpu_check $(now)  repo $ROOT  commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
     " sources $(sha256sum < "$OUTDIR/sources.sha256" | cut -c1-12)"
 } | tee "$SUMMARY"
+
+# ---- 0. the card (ONLY_ON) ----------------------------------------------------
+if [ -n "${ONLY_ON:-}" ]; then
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if [[ "$GPU_NAME" != *"$ONLY_ON"* ]]; then
+    echo "gpu_check: the GPU is '${GPU_NAME:-none found}', not ONLY_ON=$ONLY_ON: no stage run" \
+      | tee -a "$SUMMARY"
+    exit 3
+  fi
+fi
 
 # ---- 1. install ------------------------------------------------------------
 if [ "${SKIP_INSTALL:-0}" = 1 ]; then

@@ -308,3 +308,28 @@ def test_gpu_check_floor_stage_runs_read_floor_with_its_arguments(tmp_path):
             assert run.returncode == 0 and " ok " in line and f"15 {mode}" in line, line
         else:
             assert run.returncode != 0 and "FAILED (exit 1)" in line, line
+
+
+def test_gpu_check_only_on_runs_nothing_on_another_card(tmp_path):
+    """ONLY_ON=H200: on a machine whose GPU is an H100 (a stand-in nvidia-smi) gpu_check.sh
+    runs no stage, says which card it found in summary.txt and exits 3; on a matching card
+    it goes on to its stages (all skipped here) and exits 0."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/bash\necho 'NVIDIA H100 80GB HBM3'\n")
+    fake.chmod(0o755)
+    path = f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    for only_on, rc in (("H200", 3), ("H100", 0)):
+        out = tmp_path / f"out_{only_on}"
+        env = _script_env(PATH=path, PYTHON=sys.executable, OUT=str(out), ONLY_ON=only_on,
+                          SKIP_INSTALL="1", SKIP_TESTS="1", SKIP_SANITIZER="1",
+                          SKIP_BENCH="1", JAX_PLATFORMS="cpu")
+        run = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], env=env,
+                             capture_output=True, text=True, timeout=300)
+        summary = (out / "summary.txt").read_text()
+        assert run.returncode == rc, run.stdout[-3000:] + run.stderr[-2000:]
+        refused = "the GPU is 'NVIDIA H100 80GB HBM3', not ONLY_ON=H200: no stage run"
+        if rc == 3:
+            assert refused in summary and "=== [" not in run.stdout, run.stdout
+        else:
+            assert refused not in summary and "ALL STAGES OK" in summary, summary

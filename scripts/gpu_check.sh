@@ -4,7 +4,7 @@
 #     bash scripts/gpu_check.sh
 #
 # Stages (each runs even when an earlier one failed; the exit status is non-zero
-# when any stage that ran failed):
+# when any stage that ran failed, and 3 when ONLY_ON names another card, before any stage):
 #   1. install   python3 -m pip install --no-build-isolation --no-deps -e .   (builds the CUDA module)
 #   2. env       GPU name (nvidia-smi), jax version, jax.devices(), nvcc, jax_paged CUDA kernels
 #   3. tests     python3 -m pytest -q -k gpu tests   (the GPU cases; CPU cases run in CI), as

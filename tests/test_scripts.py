@@ -37,6 +37,16 @@ def _cmake_options():
         return re.findall(r"^\s*option\((JAX_PAGED_\w+)\s+\"([^\"]*)\"", f.read(), re.M)
 
 
+def _path_with_stand_in(tmp_path, name: str, script: str) -> str:
+    """PATH with an executable bash `script` named `name` found first (a stand-in for a
+    GPU machine's tool: compute-sanitizer, nvidia-smi)."""
+    fake = tmp_path / "bin" / name
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text("#!/bin/bash\n" + script)
+    fake.chmod(0o755)
+    return f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def _last_values(args: str) -> dict:
     """-DNAME=VALUE pairs as CMake reads them: the last of a name wins."""
     return dict(re.findall(r"-D(\w+)=(\S+)", args))
@@ -191,15 +201,13 @@ def test_gpu_check_runs_a_crashing_sanitizer_again(tmp_path, crashes, ok):
     thirty-fifth session saw two crashes in a row): gpu_check.sh runs it again, up to
     SANITIZER_RUNS runs, and says so. Here a stand-in tool crashes the first `crashes`
     times and then reports a clean run."""
-    fake = tmp_path / "bin" / "compute-sanitizer"
-    fake.parent.mkdir()
     count = tmp_path / "count"
-    fake.write_text("#!/bin/bash\n"
-                    f"n=$(cat {count} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {count}\n"
-                    f"if [ $n -le {crashes} ]; then kill -SEGV $$; fi\n"
-                    "echo 'sanitizer case: all ok'; echo '========= ERROR SUMMARY: 0 errors'\n")
-    fake.chmod(0o755)
-    env = _script_env(PATH=f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    path = _path_with_stand_in(
+        tmp_path, "compute-sanitizer",
+        f"n=$(cat {count} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {count}\n"
+        f"if [ $n -le {crashes} ]; then kill -SEGV $$; fi\n"
+        "echo 'sanitizer case: all ok'; echo '========= ERROR SUMMARY: 0 errors'\n")
+    env = _script_env(PATH=path,
                       PYTHON=sys.executable, OUT=str(tmp_path / "out"), SKIP_INSTALL="1",
                       SKIP_TESTS="1", SKIP_BENCH="1", SANITIZER_RUNS="3")
     run = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], env=env,
@@ -314,11 +322,7 @@ def test_gpu_check_only_on_runs_nothing_on_another_card(tmp_path):
     """ONLY_ON=H200: on a machine whose GPU is an H100 (a stand-in nvidia-smi) gpu_check.sh
     runs no stage, says which card it found in summary.txt and exits 3; on a matching card
     it goes on to its stages (all skipped here) and exits 0."""
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/bash\necho 'NVIDIA H100 80GB HBM3'\n")
-    fake.chmod(0o755)
-    path = f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    path = _path_with_stand_in(tmp_path, "nvidia-smi", "echo 'NVIDIA H100 80GB HBM3'\n")
     for only_on, rc in (("H200", 3), ("H100", 0)):
         out = tmp_path / f"out_{only_on}"
         env = _script_env(PATH=path, PYTHON=sys.executable, OUT=str(out), ONLY_ON=only_on,

@@ -2237,9 +2237,10 @@ inline bool Wgmma128Enabled() {
 // forty-third sessions, BENCHMARKS.md): q_len 16 3.1-7.7% faster than the 64-row CTAs at
 // 80, 128 and 256 rows per KV head in three runs, though its arithmetic alone
 // (PROBE_NO_LOADS) is 5-11% slower than theirs; the GPU suite and memcheck passed with
-// it; not yet timed on an H200. (Its warpgroups also taking turns at issuing their
-// products, FlashAttention-3's ping-pong, with stages released per warpgroup, measured
-// 9-12% slower on an H100 (forty-third session); removed, in the history at 82c23fd.)
+// it; on an H200 (forty-ninth session) 3.3% faster at group 8 (128 x 64 x 8 x 2048).
+// (Its warpgroups also taking turns at issuing their products, FlashAttention-3's
+// ping-pong, with stages released per warpgroup, measured 9-12% slower on an H100
+// (forty-third session); removed, in the history at 82c23fd.)
 inline bool WgmmaDeferPvEnabled() {
   static const bool enabled = !EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "0");
   return enabled;

@@ -183,9 +183,6 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
          "PLAIN_ALL_VALID "
 #endif
-#ifdef JAX_PAGED_OWN_L2_PREFETCH
-         "OWN_L2_PREFETCH "
-#endif
       ;
 }
 

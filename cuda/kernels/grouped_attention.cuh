@@ -146,11 +146,6 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
-// Hint: bring `bytes` (multiple of 16, 16-byte aligned) of global memory into L2.
-// Only the development option JAX_PAGED_OWN_L2_PREFETCH uses it (fiftieth session).
-__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
 // Global -> shared copy of the box at (x, y) of a 2-D tensor map (a
 // __grid_constant__ kernel parameter), completing on the mbarrier's transaction
 // count; the map's swizzle mode lays the box out in shared memory.
@@ -1951,19 +1946,6 @@ __global__ void __launch_bounds__(
     // zeroes V's tokens without data in place between the products).
     constexpr bool kCtaBarrier = kWgmma || kRowSplit;
     if (pending_stage >= 0) {  // the table entries of this warp's last refill
-#ifdef JAX_PAGED_OWN_L2_PREFETCH
-      // Development (fiftieth session): the loaded entries' pages, kStages tiles past
-      // the copies in flight, prefetched into L2, so that a CTA left in the call's
-      // tail (when fewer CTAs than keep HBM busy remain) has twice the bytes in
-      // flight. Decode kernels only.
-      if constexpr (!kCtaBarrier) {
-        if (pending_entry >= 0 && pending_entry < p.num_blocks) {
-          const int64_t src = static_cast<int64_t>(pending_entry) * kv_block_stride + kv_head_off;
-          BulkPrefetchL2(key_cache + src, page_bytes);
-          BulkPrefetchL2(value_cache + src, page_bytes);
-        }
-      }
-#endif
       if (lane < C::kMaxTilePages)
         refill_table_s[pending_stage * C::kMaxTilePages + lane] = pending_entry;
       pending_stage = -1;

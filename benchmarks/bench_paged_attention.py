@@ -324,6 +324,16 @@ def time_loop(step, carry0, sets, args) -> dict:
                 first_call_s=t_compile)
 
 
+def sample_spread(samples: list[float]) -> float | None:
+    """(slowest - fastest) / median of a row's timed samples: how far apart one run's
+    samples of the same call lie (up to 55% on rows of the forty-ninth session's table).
+    Shown beside every row, so that a difference smaller than it is not read as a change."""
+    if len(samples) < 2:
+        return None
+    median = statistics.median(samples)
+    return (max(samples) - min(samples)) / median if median > 0 else None
+
+
 def slope_per_call(short: list[float], long_: list[float], calls_short: int,
                    calls_long: int) -> list[float]:
     """Per-call times from paired samples (seconds) of a short and a long loop:
@@ -793,6 +803,7 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar,
                             **{k: v for k, v in tm.items() if k not in ("median_s", "samples_s", "method")})
             main = t.get("loop") or t.get("dispatch")
             r["us"] = main["median_s"] * 1e6
+            r["spread"] = sample_spread(main["samples_s"])
             r["kv_bytes"] = kv_bytes
             r["tbps"] = kv_bytes / main["median_s"] / 1e12
             r["frac_copy"] = r["tbps"] / copy_tbps if copy_tbps else None
@@ -1026,7 +1037,7 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     copy = meta["copy_bandwidth"].get("tbps")
     method = meta["args"]["method"]
     lines = []
-    hdr = (f"{'config':<24} {'impl':<14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'%roof':>6} {'xref':>6} "
+    hdr = (f"{'config':<24} {'impl':<14} {'us':>9} {'spread':>6} {'TB/s':>6} {'%copy':>6} {'%roof':>6} {'xref':>6} "
            f"{'xpallas':>7} {'xFI*':>6} {'max|err|':>9} {'rel err':>8} {'|d ref|':>8}  check")
     if method == "both":
         hdr = hdr.replace(f" {'TB/s':>6}", f" {'us(disp)':>9} {'TB/s':>6}")
@@ -1053,7 +1064,8 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
             us = x["us"]
             ok = x.get("ok")
             check = "ok" if ok else ("!!! MISMATCH !!!" if x.get("finite", True) else "!!! NaN/Inf !!!")
-            row = (f"{cfg_col:<24} {name:<14} {us:9.1f} ")
+            row = (f"{cfg_col:<24} {name:<14} {us:9.1f} "
+                   f"{fmt(100 * x['spread'] if x.get('spread') is not None else None, '5.1f', '-')}% ")
             if method == "both":
                 row += f"{fmt(x.get('dispatch', {}).get('us'), '9.1f')} "
             row += (f"{fmt_bw(x['tbps'])} {fmt(100 * x['frac_copy'] if x.get('frac_copy') else None, '5.1f', '-')}% "
@@ -1065,6 +1077,8 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
                     f"{fmt(x.get('max_abs_diff_vs_reference'), '8.1e')}  {check}")
             lines.append(row)
         lines.append("")
+    lines.append("spread: (slowest - fastest) / median of the row's timed samples (JSON 'spread'); a "
+                 "difference between two rows or runs smaller than their spread is not resolved.")
     lines.append("%roof: the least time a call could take on this device / the row's time, the least "
                  "time being its bytes (K and V read, query read, output written) at the same-run copy "
                  "bandwidth or its useful flops (4 x head_size per attended query-head/token pair) at "

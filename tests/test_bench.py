@@ -4,6 +4,7 @@ gather at every call instead of sharing it between calls on the same inputs."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -177,14 +178,15 @@ def test_ground_truth_with_multi_token_queries():
         bench.parse_args(["--fp8-q-len", "16"])  # (no --fp8)
 
 
-def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch):
+def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch, capsys):
     """--no-classic leaves out the v1 / v2 rows; the JAX_PAGED_* run-time switches
-    (which change the kernels a GPU run takes) are recorded and printed."""
+    (which change the kernels a GPU run takes) are recorded and printed; each row's
+    sample spread is in the JSON and the table."""
     import json
     monkeypatch.setenv("JAX_PAGED_ROW_SPLIT", "0")
     out = tmp_path / "b.json"
     rc = bench.main(["--no-defaults", "--config", "2,4,2,64,64,16", "--no-classic", "--no-pallas",
-                     "--no-reference", "--reps", "1", "--target-ms", "1", "--max-loop", "2",
+                     "--no-reference", "--reps", "2", "--target-ms", "1", "--max-loop", "2",
                      "--no-progress", "--json", str(out), "--png", str(tmp_path / "b.png")])
     assert rc == 0
     with open(out) as f:
@@ -197,6 +199,26 @@ def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch
     auto = row["impls"]["auto"]
     assert auto["flops"] == 4 * 64 * 4 * 2 * 64        # 2 sequences of 64 tokens, 4 heads
     assert 0 < auto["frac_roofline"] == pytest.approx(auto["roofline_us"] / auto["us"])
+    # Each row's sample spread, from the samples of its figure, printed beside its time.
+    samples = auto["loop"]["samples_us"]
+    assert len(samples) == 2
+    assert auto["spread"] == pytest.approx(bench.sample_spread(samples))
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("config") and " impl " in line)
+    assert header.split()[2:4] == ["us", "spread"]
+    (auto_line,) = [line for line in lines if line.split()[1:2] == ["auto"]]
+    assert auto_line.split()[3] == f"{100 * auto['spread']:.1f}%"
+
+
+def test_sample_spread_is_the_range_over_the_median():
+    """The table's spread column: (slowest - fastest) / median of a row's samples, so
+    the forty-ninth session's MHA window row (112.4-156.8 µs, median 147.0) shows 30%."""
+    got = bench.sample_spread([156.8e-6, 148.1e-6, 112.4e-6, 121.4e-6, 147.0e-6])
+    assert got == pytest.approx((156.8 - 112.4) / 147.0)
+    assert bench.sample_spread([1.0, 1.0, 1.0]) == 0.0
+    assert bench.sample_spread([2.0]) is None      # one sample: nothing to compare
+    assert bench.sample_spread([]) is None
+
 
 
 class _FakeLoop:

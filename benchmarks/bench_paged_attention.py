@@ -215,6 +215,11 @@ def fmt(v, spec, none="-"):
     return format(v, spec)
 
 
+def fmt_pct(fraction, spec="5.1f"):
+    """A fraction as a percentage (without the % sign), or '-' when it is missing."""
+    return fmt(None if fraction is None else 100 * fraction, spec, "-")
+
+
 def fmt_bw(v, width=6):
     """TB/s with 2 decimals, or scientific notation for the tiny figures of CPU smoke runs."""
     if v is None or not math.isfinite(v):
@@ -1065,11 +1070,10 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
             ok = x.get("ok")
             check = "ok" if ok else ("!!! MISMATCH !!!" if x.get("finite", True) else "!!! NaN/Inf !!!")
             row = (f"{cfg_col:<24} {name:<14} {us:9.1f} "
-                   f"{fmt(100 * x['spread'] if x.get('spread') is not None else None, '5.1f', '-')}% ")
+                   f"{fmt_pct(x.get('spread'))}% ")
             if method == "both":
                 row += f"{fmt(x.get('dispatch', {}).get('us'), '9.1f')} "
-            row += (f"{fmt_bw(x['tbps'])} {fmt(100 * x['frac_copy'] if x.get('frac_copy') else None, '5.1f', '-')}% "
-                    f"{fmt(100 * x['frac_roofline'] if x.get('frac_roofline') else None, '5.1f', '-')}% "
+            row += (f"{fmt_bw(x['tbps'])} {fmt_pct(x.get('frac_copy'))}% {fmt_pct(x.get('frac_roofline'))}% "
                     f"{fmt(t_ref / us if t_ref else None, '6.2f')} "
                     f"{fmt(t_pal / us if t_pal else None, '7.2f')} "
                     f"{fmt(fi[0] / us if fi else None, '6.2f')} "
@@ -1113,7 +1117,7 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
         cfg = Config(**r["config"])
         lines.append(
             f"{r['label']:<24} {r['kv_bytes'] / 1e6:8.1f} {fmt(a.get('us'), '9.1f')} "
-            f"{fmt_bw(a.get('tbps'), 9)} {fmt(100 * a['frac_copy'] if a.get('frac_copy') else None, '5.1f')}% "
+            f"{fmt_bw(a.get('tbps'), 9)} {fmt_pct(a.get('frac_copy'))}% "
             f"{best_s:>20} {fmt(imp.get('pallas', {}).get('us'), '9.1f')} "
             f"{fmt(imp.get('reference', {}).get('us'), '8.1f')} {fi_s:>20}  {goal_check(cfg, r, copy) or '-'}")
     issue6 = [(r["label"], feature_goal_check(Config(**r["config"]), r)) for r in results]

@@ -4,7 +4,6 @@ gather at every call instead of sharing it between calls on the same inputs."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import sys
@@ -218,7 +217,6 @@ def test_sample_spread_is_the_range_over_the_median():
     assert bench.sample_spread([1.0, 1.0, 1.0]) == 0.0
     assert bench.sample_spread([2.0]) is None      # one sample: nothing to compare
     assert bench.sample_spread([]) is None
-
 
 
 class _FakeLoop:

@@ -183,6 +183,12 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
          "PLAIN_ALL_VALID "
 #endif
+#ifdef JAX_PAGED_FP8_TWO_CTAS
+         "FP8_TWO_CTAS "
+#endif
+#ifdef JAX_PAGED_FP8_THREE_CTAS
+         "FP8_THREE_CTAS "
+#endif
       ;
 }
 

@@ -71,6 +71,19 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
 // of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
 // that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
+// CTAs per SM of the fp8 decode kernels at head sizes 80-128 (16 KB stages):
+// four with three stages each by default; two (six stages) or three (four
+// stages) in the development builds JAX_PAGED_FP8_TWO_CTAS / _THREE_CTAS, which
+// halve (or cut by a quarter) the partitions at B=1 and the CTAs' fixed costs
+// while keeping ~200 KB of stages per SM (fifty-first session, BENCHMARKS.md).
+#if defined(JAX_PAGED_FP8_TWO_CTAS)
+inline constexpr int kFp8DecodeCtasPerSm = 2;
+#elif defined(JAX_PAGED_FP8_THREE_CTAS)
+inline constexpr int kFp8DecodeCtasPerSm = 3;
+#else
+inline constexpr int kFp8DecodeCtasPerSm = 4;
+#endif
+
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
@@ -161,10 +174,14 @@ struct GroupedConfig {
   // thread, in stages of 16 KB: two CTAs per SM.)
   // (Two warpgroups: one CTA per SM, the stages of two.)
   static constexpr int kTargetCtasPerSm =
-      kWarpgroups == 2 ? 1 : (kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64) ? 4 : 2);
+      kWarpgroups == 2
+          ? 1
+          : (kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64)
+                 ? (kFp8 && !kRowSplit && D > 64 ? kFp8DecodeCtasPerSm : 4)
+                 : 2);
   static constexpr int kStageBudget =
       kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
-                : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
+                : (kTargetCtasPerSm == 4 ? 48 : kTargetCtasPerSm == 3 ? 64 : 100) * 1024;
   static constexpr int kStages = ClampInt(kStageBudget / kStageBytes, 2, 6);
   static constexpr int kQOff = (kQInStage ? kStages - 1 : kStages) * kStageBytes;
   static_assert(!kQInStage || kQBytes <= kStageBytes, "query rows in a stage");
@@ -208,7 +225,10 @@ static_assert(GroupedConfig<2, 2, 112, 4>::kStages == 4 &&
                   GroupedConfig<2, 2, 128, 4>::kStages == 3 && GroupedConfig<2, 2, 128, 4>::kCtasPerSm == 2,
               "row split: query rows in the last stage");
 static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>::kCtasPerSm == 2 &&
-                  GroupedConfig<2, 2, 64>::kCtasPerSm == 4 && GroupedConfig<2, 1, 128>::kCtasPerSm == 4,
+                  GroupedConfig<2, 2, 64>::kCtasPerSm == 4 &&
+                  GroupedConfig<2, 1, 128>::kCtasPerSm == kFp8DecodeCtasPerSm &&
+                  GroupedConfig<2, 1, 128>::kStages == 12 / kFp8DecodeCtasPerSm &&
+                  GroupedConfig<2, 1, 64>::kCtasPerSm == 4,
               "decode kernels: stages and CTAs per SM");
 static_assert(GroupedConfig<2, 2, 256, 4>::kTile == 32 && GroupedConfig<2, 2, 256, 4>::kStages == 2 &&
                   GroupedConfig<2, 2, 256, 4>::kCtasPerSm == 2 && GroupedConfig<2, 2, 192, 4>::kStages == 3,

@@ -71,18 +71,23 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
 // of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
 // that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
-// CTAs per SM of the fp8 decode kernels at head sizes 80-128 (16 KB stages):
-// four with three stages each by default; two (six stages) or three (four
-// stages) in the development builds JAX_PAGED_FP8_TWO_CTAS / _THREE_CTAS, which
-// halve (or cut by a quarter) the partitions at B=1 and the CTAs' fixed costs
-// while keeping ~200 KB of stages per SM (fifty-first session, BENCHMARKS.md).
+// CTAs per SM of the fp8 decode kernels with 16 KB stages (head sizes up to 128):
+// four with three stages each by default. Development builds (fifty-first
+// session, BENCHMARKS.md): JAX_PAGED_FP8_TWO_CTAS runs two with six stages at
+// every such head size (at B=1 half the partitions and per-CTA fixed costs;
+// at head 64, 64 x 8 items in two waves instead of one), JAX_PAGED_FP8_THREE_CTAS
+// three with four stages at head sizes 80-128; both keep ~200 KB of stages per SM.
+constexpr int Fp8DecodeCtasPerSm(int d) {
 #if defined(JAX_PAGED_FP8_TWO_CTAS)
-inline constexpr int kFp8DecodeCtasPerSm = 2;
+  static_cast<void>(d);
+  return 2;
 #elif defined(JAX_PAGED_FP8_THREE_CTAS)
-inline constexpr int kFp8DecodeCtasPerSm = 3;
+  return d > 64 ? 3 : 4;
 #else
-inline constexpr int kFp8DecodeCtasPerSm = 4;
+  static_cast<void>(d);
+  return 4;
 #endif
+}
 
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1>
 struct GroupedConfig {
@@ -177,7 +182,7 @@ struct GroupedConfig {
       kWarpgroups == 2
           ? 1
           : (kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64)
-                 ? (kFp8 && !kRowSplit && D > 64 ? kFp8DecodeCtasPerSm : 4)
+                 ? (kFp8 && !kRowSplit ? Fp8DecodeCtasPerSm(D) : 4)
                  : 2);
   static constexpr int kStageBudget =
       kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
@@ -226,9 +231,9 @@ static_assert(GroupedConfig<2, 2, 112, 4>::kStages == 4 &&
               "row split: query rows in the last stage");
 static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 2, 64>::kCtasPerSm == 4 &&
-                  GroupedConfig<2, 1, 128>::kCtasPerSm == kFp8DecodeCtasPerSm &&
-                  GroupedConfig<2, 1, 128>::kStages == 12 / kFp8DecodeCtasPerSm &&
-                  GroupedConfig<2, 1, 64>::kCtasPerSm == 4,
+                  GroupedConfig<2, 1, 128>::kCtasPerSm == Fp8DecodeCtasPerSm(128) &&
+                  GroupedConfig<2, 1, 128>::kStages == 12 / Fp8DecodeCtasPerSm(128) &&
+                  GroupedConfig<2, 1, 64>::kCtasPerSm == Fp8DecodeCtasPerSm(64),
               "decode kernels: stages and CTAs per SM");
 static_assert(GroupedConfig<2, 2, 256, 4>::kTile == 32 && GroupedConfig<2, 2, 256, 4>::kStages == 2 &&
                   GroupedConfig<2, 2, 256, 4>::kCtasPerSm == 2 && GroupedConfig<2, 2, 192, 4>::kStages == 3,

@@ -57,6 +57,24 @@ constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? h
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
 
+// CTAs per SM of the fp8 decode kernels with 16 KB stages (head sizes up to 128):
+// four with three stages each by default. Development builds (fifty-first
+// session, BENCHMARKS.md): JAX_PAGED_FP8_TWO_CTAS runs two with six stages at
+// every such head size (at B=1 half the partitions and per-CTA fixed costs;
+// at head 64, 64 x 8 items in two waves instead of one), JAX_PAGED_FP8_THREE_CTAS
+// three with four stages at head sizes 80-128; both keep ~200 KB of stages per SM.
+// Two CTAs measured (H100): fp8 B=1 L=32768 4.7% faster, 64 x 32 x 8 x 4096 5.6%
+// and head 64 8.2% slower, so the default stays four; three not yet measured.
+constexpr int Fp8DecodeCtasPerSm([[maybe_unused]] int d) {
+#if defined(JAX_PAGED_FP8_TWO_CTAS)
+  return 2;
+#elif defined(JAX_PAGED_FP8_THREE_CTAS)
+  return d > 64 ? 3 : 4;
+#else
+  return 4;
+#endif
+}
+
 // QELEM: bytes of one query element (2 for f16/bf16 -> tensor cores, 4 for
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
 // caches, which need QELEM == 2: they are widened to f16 in registers,
@@ -71,26 +89,6 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
 // of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
 // that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
-// CTAs per SM of the fp8 decode kernels with 16 KB stages (head sizes up to 128):
-// four with three stages each by default. Development builds (fifty-first
-// session, BENCHMARKS.md): JAX_PAGED_FP8_TWO_CTAS runs two with six stages at
-// every such head size (at B=1 half the partitions and per-CTA fixed costs;
-// at head 64, 64 x 8 items in two waves instead of one), JAX_PAGED_FP8_THREE_CTAS
-// three with four stages at head sizes 80-128; both keep ~200 KB of stages per SM.
-// Two CTAs measured (H100): fp8 B=1 L=32768 4.7% faster, 64 x 32 x 8 x 4096 5.6%
-// and head 64 8.2% slower, so the default stays four; three not yet measured.
-constexpr int Fp8DecodeCtasPerSm(int d) {
-#if defined(JAX_PAGED_FP8_TWO_CTAS)
-  static_cast<void>(d);
-  return 2;
-#elif defined(JAX_PAGED_FP8_THREE_CTAS)
-  return d > 64 ? 3 : 4;
-#else
-  static_cast<void>(d);
-  return 4;
-#endif
-}
-
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
@@ -168,7 +166,8 @@ struct GroupedConfig {
   // Target of CTAs resident per SM on Hopper (228 KB of shared memory): four
   // when a stage is at most 16 KB (head size 64 at 16 bits, fp8 caches up to
   // head size 128), with ~48 KB of stages each; otherwise two, with ~100 KB
-  // each (f32 queries at large head sizes fit only one). Small
+  // each (f32 queries at large head sizes fit only one); the fp8 decode kernels
+  // follow Fp8DecodeCtasPerSm (development builds: three with ~64 KB). Small
   // stages leave a CTA little compute per byte, so more warps per SM hide
   // its latencies (D=64 at two CTAs per SM: 77% of copy bandwidth on the
   // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs

@@ -1489,12 +1489,18 @@ def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):
     fp8 = dict(dims.__dict__, cache_dtype=np.dtype(jnp.float8_e4m3fn))
     assert per_sm(dims, jnp.bfloat16) == 4          # 16 KiB stages
     assert per_sm(_shapes.AttentionDims(**{**dims.__dict__, "head_size": 128}), jnp.bfloat16) == 2
-    # (Development builds A/B two fp8 CTAs per SM at heads <= 128, three at 80-128.)
-    dev = jax_paged._native.cuda_development_options()
-    fp8_128 = 2 if "FP8_TWO_CTAS" in dev else 3 if "FP8_THREE_CTAS" in dev else 4
-    assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 128}), jnp.bfloat16) == fp8_128
-    fp8_64 = 2 if "FP8_TWO_CTAS" in dev else 4
-    assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 64}), jnp.bfloat16) == fp8_64
+    # fp8 decode: four; development builds with FP8_CTAS_VARIANTS run two or three
+    # where JAX_PAGED_FP8_CTAS says so (the module reads it once, as here).
+    fp8_ctas = 4
+    if "FP8_CTAS_VARIANTS" in jax_paged._native.cuda_development_options():
+        fp8_ctas = {"2": 2, "3": 3}.get(os.environ.get("JAX_PAGED_FP8_CTAS", ""), 4)
+    for head_size in (64, 128):
+        fp8_dims = _shapes.AttentionDims(**{**fp8, "head_size": head_size})
+        assert per_sm(fp8_dims, jnp.bfloat16) == fp8_ctas
+        # Multi-token calls with more than 16 rows per KV head run the row split: not varied.
+        if os.environ.get("JAX_PAGED_ROW_SPLIT") != "0":
+            multi = _shapes.AttentionDims(**{**fp8_dims.__dict__, "q_len": 8})
+            assert per_sm(multi, jnp.bfloat16) == (4 if head_size == 64 else 2)
     # fp8, head 256: one warp per 16-token slice, so 64-token stages of 32 KiB: two.
     assert per_sm(_shapes.AttentionDims(**{**fp8, "head_size": 256}), jnp.bfloat16) == 2
     assert per_sm(dims, jnp.float32) == 2           # f32 stages are twice as large

@@ -37,12 +37,14 @@ GroupedKernelInfo InfoFromConfig() {
   return info;
 }
 
-// The configuration SelectGroupedKernel (grouped_attention.cuh) picks (WithRowBlocks).
+// The configuration SelectGroupedKernel (grouped_attention.cuh) picks (WithGroupedLayout).
 template <int QELEM, int CELEM, int H>
 GroupedKernelInfo InfoOf(int rows_per_kv_head, int q_len) {
-  return WithRowBlocks<QELEM, CELEM, H>(q_len, rows_per_kv_head, [](auto row_blocks) {
-    return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, decltype(row_blocks)::value>>();
-  });
+  return WithGroupedLayout<QELEM, CELEM, H>(
+      q_len, rows_per_kv_head, [](auto row_blocks, auto fp8_ctas) {
+        return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, decltype(row_blocks)::value, 1,
+                                            decltype(fp8_ctas)::value>>();
+      });
 }
 
 GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,
@@ -183,11 +185,8 @@ const char* JaxPagedDevelopmentOptions() {
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
          "PLAIN_ALL_VALID "
 #endif
-#ifdef JAX_PAGED_FP8_TWO_CTAS
-         "FP8_TWO_CTAS "
-#endif
-#ifdef JAX_PAGED_FP8_THREE_CTAS
-         "FP8_THREE_CTAS "
+#ifdef JAX_PAGED_FP8_CTAS_VARIANTS
+         "FP8_CTAS_VARIANTS "
 #endif
       ;
 }

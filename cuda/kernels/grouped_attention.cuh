@@ -493,12 +493,12 @@ constexpr bool kPlainAllValid = false;
 // of the tile before.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          bool kDeferPv = false, int kFp8Ctas = 0>
 __global__ void __launch_bounds__(
     (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
-                   kWarpgroups>::kCtaThreads),
+                   kWarpgroups, kFp8Ctas>::kCtaThreads),
     (GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D,
-                             kRowBlocks, kWarpgroups>::kCtasPerSm))
+                             kRowBlocks, kWarpgroups, kFp8Ctas>::kCtasPerSm))
     GroupedAttentionKernel(const PagedAttentionParams p, const int seq_base,
                            const int group_chunks, const int rows_per_cta,
                            const bool direct_out, const __grid_constant__ CUtensorMap v_map) {
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(
   __trap();
 #else
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
-                          kWarpgroups>;
+                          kWarpgroups, kFp8Ctas>;
   constexpr int kStages = C::kStages;
   // Threads of the CTA (the loops over its rows and a stage's rows stride by it).
   constexpr int kCtaThreads = C::kCtaThreads;
@@ -2183,14 +2183,14 @@ struct GroupedInstance {
 };
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
           int kRowBlocks = 1, bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          bool kDeferPv = false, int kFp8Ctas = 0>
 GroupedInstance GroupedInstanceOf() {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D, kRowBlocks,
-                          kWarpgroups>;
+                          kWarpgroups, kFp8Ctas>;
   static std::atomic<bool> smem_configured[kMaxDevices];
   static std::atomic<bool> carveout_set[kMaxDevices];
   return {&GroupedAttentionKernel<T, TC, D, kPlain, kBlockSize, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                  kWarpgroups, kDeferPv>,
+                                  kWarpgroups, kDeferPv, kFp8Ctas>,
           smem_configured, carveout_set, static_cast<size_t>(C::kSmemBytes), C::kRows,
           C::kCtaThreads};
 }
@@ -2370,20 +2370,20 @@ inline cudaError_t ConfigureGroupedKernel(const GroupedInstance& g, int device) 
 // at run time.
 template <typename T, typename TC, int D, bool kPlain, bool kCap = false, int kRowBlocks = 1,
           bool kWgmma = false, bool kHalfRows = false, int kWarpgroups = 1,
-          bool kDeferPv = false>
+          bool kDeferPv = false, int kFp8Ctas = 0>
 GroupedInstance GroupedInstanceForBlockSize(int block_size) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kFp8 || kRowBlocks > 1) {
     switch (block_size) {  // 8, 16 or 32 (checked by the handler)
       case 8:
         return GroupedInstanceOf<T, TC, D, kPlain, 8, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups, kDeferPv, kFp8Ctas>();
       case 16:
         return GroupedInstanceOf<T, TC, D, kPlain, 16, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups, kDeferPv, kFp8Ctas>();
       default:
         return GroupedInstanceOf<T, TC, D, kPlain, 32, kCap, kRowBlocks, kWgmma, kHalfRows,
-                                 kWarpgroups, kDeferPv>();
+                                 kWarpgroups, kDeferPv, kFp8Ctas>();
     }
   } else {
     return GroupedInstanceOf<T, TC, D, kPlain, 0, kCap, kRowBlocks, kWgmma, kHalfRows>();
@@ -2397,15 +2397,17 @@ GroupedInstance GroupedInstanceForBlockSize(int block_size) {
 // once, for A/B runs in one build). (H200, sixteenth session, against the
 // full-rows form over twelve configurations: decode -4.3% to +0.2%, fp8 e4m3
 // -4.2% to +0.1%, the soft cap -6.2% to +1.3%; BENCHMARKS.md.)
-template <typename T, typename TC, int D, bool kCap>
+template <typename T, typename TC, int D, bool kCap, int kFp8Ctas = 0>
 GroupedInstance PlainInstance(const PagedAttentionParams& p) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kMma) {
     static const bool half_rows_enabled = !EnvIs("JAX_PAGED_HALF_ROWS", "0");
     if (RowsPerKvHead(p) <= kMaxRows / 2 && half_rows_enabled)
-      return GroupedInstanceForBlockSize<T, TC, D, true, kCap, 1, false, true>(p.block_size);
+      return GroupedInstanceForBlockSize<T, TC, D, true, kCap, 1, false, true, 1, false,
+                                         kFp8Ctas>(p.block_size);
   }
-  return GroupedInstanceForBlockSize<T, TC, D, true, kCap>(p.block_size);
+  return GroupedInstanceForBlockSize<T, TC, D, true, kCap, 1, false, false, 1, false, kFp8Ctas>(
+      p.block_size);
 }
 
 #ifdef JAX_PAGED_WGMMA_TU
@@ -2431,7 +2433,8 @@ GroupedInstance WgmmaFp8RowSplitInstance() {
 // session, soft cap 30 against the general kernel: -0.2..-0.9 us at B=1
 // L=32768 (41.6-41.7 us, 76.7-77.5% of copy), -0.1 to -1.3 us elsewhere.
 // v_map: the wgmma form's value-cache tensor map, encoded here when that form is chosen.
-template <typename T, typename TC, int D, int kRowBlocks = 1>
+// kFp8Ctas: WithGroupedLayout's CTAs per SM of the fp8 decode kernels (0: the default).
+template <typename T, typename TC, int D, int kRowBlocks = 1, int kFp8Ctas = 0>
 GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
                                       CUtensorMap* v_map) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
@@ -2492,26 +2495,28 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
   if constexpr (kRowBlocks == 1) {
     const bool plain_shape = p.q_len == 1 && p.alibi_slopes == nullptr;  // windowed or not
     const bool capped = p.soft_cap > 0.0f;
-    if (plain_shape && !capped) return PlainInstance<T, TC, D, false>(p);
+    if (plain_shape && !capped) return PlainInstance<T, TC, D, false, kFp8Ctas>(p);
     if constexpr (C::kMma && !C::kFp8) {
       if (plain_shape) return PlainInstance<T, TC, D, true>(p);
     }
   }
-  return GroupedInstanceForBlockSize<T, TC, D, false, false, kRowBlocks>(p.block_size);
+  return GroupedInstanceForBlockSize<T, TC, D, false, false, kRowBlocks, false, false, 1, false,
+                                     kFp8Ctas>(p.block_size);
 }
 
 // The kernel for a call: the row split, a CTA of 32 or 64 rows (RowBlocks), for
 // multi-token queries with more than 16 query rows per KV head (q_len * group),
 // which would otherwise take several 16-row CTAs that each read the KV head's
 // pages; else SelectGroupedKernelOf's 16-row kernel. (Only where RowSplitAvailable
-// are row-split kernels instantiated: 16-bit queries.)
+// are row-split kernels instantiated: 16-bit queries.) WithGroupedLayout, so that
+// the layout GroupedInfo reports is the one that runs.
 template <typename T, typename TC, int D>
 GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p, int device,
                                     CUtensorMap* v_map) {
-  return WithRowBlocks<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(
-      p.q_len, RowsPerKvHead(p),
-      [&](auto row_blocks) {
-        return SelectGroupedKernelOf<T, TC, D, decltype(row_blocks)::value>(p, device, v_map);
+  return WithGroupedLayout<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(
+      p.q_len, RowsPerKvHead(p), [&](auto row_blocks, auto fp8_ctas) {
+        return SelectGroupedKernelOf<T, TC, D, decltype(row_blocks)::value,
+                                     decltype(fp8_ctas)::value>(p, device, v_map);
       });
 }
 

@@ -6,7 +6,7 @@
 // fp8 caches with f16/bf16 queries), head-size dispatch (cuda_dispatch.cuh);
 // no allocation, no host synchronisation (command-buffer compatible).
 // Compiles no kernel: the launchers are instantiated in
-// cuda_grouped_{f32,f16,bf16,fp8e4m3,fp8e5m2}.cu.
+// cuda_grouped_{f32,f16,bf16}.cu and cuda_grouped_{fp8e4m3,fp8e5m2}_{a,b}.cu.
 #include <cuda_runtime.h>
 
 #include "xla_ffi.h"

@@ -58,15 +58,15 @@ constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
 
 // CTAs per SM of the fp8 decode kernels with 16 KB stages (head sizes up to 128):
-// four with three stages each (kFp8DecodeCtasPerSm). GroupedConfig's kFp8Ctas (2 or
-// 3; 0: the default) overrides it, keeping ~200 KB of stages per SM: two CTAs with six
-// stages (at B=1 half the partitions and per-CTA fixed costs; at head 64, 64 x 8
-// items in two waves instead of one), three with four. Only development builds
-// (JAX_PAGED_FP8_CTAS_VARIANTS) compile those, chosen per process by
-// JAX_PAGED_FP8_CTAS (Fp8CtasVariant), so that one build A/Bs all three.
-// Two CTAs measured (H100, fifty-first session, then a build option): fp8 B=1
-// L=32768 4.7% faster, 64 x 32 x 8 x 4096 5.6% and head 64 8.2% slower, so the
-// default stays four.
+// four with three stages each (kFp8DecodeCtasPerSm). GroupedConfig's kFp8Ctas (2; 0:
+// the default) overrides it with two CTAs of six stages, the same ~200 KB of stages
+// per SM: at B=1 half the partitions and per-CTA fixed costs; at head 64, 64 x 8
+// items in two waves instead of one. Only development builds
+// (JAX_PAGED_FP8_CTAS_VARIANTS) compile that form, run where JAX_PAGED_FP8_CTAS=2
+// (Fp8CtasVariant), so that one build A/Bs both. Measured (H100, fifty-first and
+// fifty-second sessions, BENCHMARKS.md): fp8 B=1 L=32768 5-6% faster, 64 x 32 x 8 x
+// 4096 4-6% and head 64 4-8% slower, so the default stays four. (Three CTAs of four
+// stages, fifty-second session: B=1 unchanged, those two 16% and 18% slower; removed.)
 constexpr int kFp8DecodeCtasPerSm = 4;
 
 // QELEM: bytes of one query element (2 for f16/bf16 -> tensor cores, 4 for
@@ -83,7 +83,7 @@ constexpr int kFp8DecodeCtasPerSm = 4;
 // kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
 // of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
 // that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
-// kFp8Ctas (0, or 2 or 3 for the fp8 decode kernels with 16 KB stages, development):
+// kFp8Ctas (0, or 2 for the fp8 decode kernels with 16 KB stages, development):
 // their CTAs per SM instead of kFp8DecodeCtasPerSm (see there).
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1, int kFp8Ctas = 0>
 struct GroupedConfig {
@@ -93,8 +93,8 @@ struct GroupedConfig {
   static_assert(!kFp8 || D % 16 == 0, "fp8 caches need head_size % 16 == 0");
   static constexpr int kQX = 16 / QELEM;  // query elements per 16-byte chunk
   static constexpr bool kRowSplit = kRowBlocks > 1;
-  static_assert(kFp8Ctas == 0 || ((kFp8Ctas == 2 || kFp8Ctas == 3) && kFp8 && !kRowSplit),
-                "kFp8Ctas: 2 or 3 CTAs per SM, fp8 decode kernels only");
+  static_assert(kFp8Ctas == 0 || (kFp8Ctas == 2 && kFp8 && !kRowSplit),
+                "kFp8Ctas: two CTAs per SM, fp8 decode kernels only");
   // Each warp owns a 16-token slice of a tile; for large heads with 16-bit
   // caches two warps share a slice (both compute its 16x16 logits, each does
   // half of P.V), so that the tile, the accumulators and the registers stay
@@ -165,7 +165,7 @@ struct GroupedConfig {
   // when a stage is at most 16 KB (head size 64 at 16 bits, fp8 caches up to
   // head size 128), with ~48 KB of stages each; otherwise two, with ~100 KB
   // each (f32 queries at large head sizes fit only one); the fp8 decode kernels
-  // follow kFp8DecodeCtasPerSm or kFp8Ctas (three with ~64 KB each). Small
+  // follow kFp8DecodeCtasPerSm or kFp8Ctas. Small
   // stages leave a CTA little compute per byte, so more warps per SM hide
   // its latencies (D=64 at two CTAs per SM: 77% of copy bandwidth on the
   // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs
@@ -185,7 +185,7 @@ struct GroupedConfig {
                  : 2);
   static constexpr int kStageBudget =
       kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
-                : (kTargetCtasPerSm == 4 ? 48 : kTargetCtasPerSm == 3 ? 64 : 100) * 1024;
+                : (kTargetCtasPerSm == 4 ? 48 : 100) * 1024;
   static constexpr int kStages = ClampInt(kStageBudget / kStageBytes, 2, 6);
   static constexpr int kQOff = (kQInStage ? kStages - 1 : kStages) * kStageBytes;
   static_assert(!kQInStage || kQBytes <= kStageBytes, "query rows in a stage");
@@ -235,8 +235,6 @@ static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>
               "decode kernels: stages and CTAs per SM");
 static_assert(GroupedConfig<2, 1, 128, 1, 1, 2>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 128, 1, 1, 2>::kStages == 6 &&
-                  GroupedConfig<2, 1, 128, 1, 1, 3>::kCtasPerSm == 3 &&
-                  GroupedConfig<2, 1, 128, 1, 1, 3>::kStages == 4 &&
                   GroupedConfig<2, 1, 64, 1, 1, 2>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 256, 1, 1, 2>::kCtasPerSm == 2,
               "fp8 decode variants (kFp8Ctas): ~200 KB of stages per SM");
@@ -345,14 +343,12 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
 }
 
 // The fp8 decode kernels' CTAs per SM (GroupedConfig's kFp8Ctas) a process runs:
-// in development builds with JAX_PAGED_FP8_CTAS_VARIANTS, 2 or 3 where the
-// environment variable JAX_PAGED_FP8_CTAS says so (read once, so that one build
-// A/Bs the three); else 0, the default (kFp8DecodeCtasPerSm).
+// in development builds with JAX_PAGED_FP8_CTAS_VARIANTS, 2 where the environment
+// variable JAX_PAGED_FP8_CTAS=2 (read once, so that one build A/Bs both); else 0,
+// the default (kFp8DecodeCtasPerSm).
 inline int Fp8CtasVariant() {
 #ifdef JAX_PAGED_FP8_CTAS_VARIANTS
-  static const int variant = EnvIs("JAX_PAGED_FP8_CTAS", "2")   ? 2
-                             : EnvIs("JAX_PAGED_FP8_CTAS", "3") ? 3
-                                                                : 0;
+  static const int variant = EnvIs("JAX_PAGED_FP8_CTAS", "2") ? 2 : 0;
   return variant;
 #else
   return 0;
@@ -369,11 +365,7 @@ auto WithGroupedLayout(int q_len, int rows_per_kv_head, F&& f) {
 #ifdef JAX_PAGED_FP8_CTAS_VARIANTS
     if constexpr (QELEM == 2 && CELEM == 1 && decltype(row_blocks)::value == 1 &&
                   !WideRowSplitHead(D)) {
-      switch (Fp8CtasVariant()) {
-        case 2: return f(row_blocks, std::integral_constant<int, 2>{});
-        case 3: return f(row_blocks, std::integral_constant<int, 3>{});
-        default: break;
-      }
+      if (Fp8CtasVariant() == 2) return f(row_blocks, std::integral_constant<int, 2>{});
     }
 #endif
     return f(row_blocks, std::integral_constant<int, 0>{});

@@ -57,18 +57,6 @@ constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? h
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
 
-// CTAs per SM of the fp8 decode kernels with 16 KB stages (head sizes up to 128):
-// four with three stages each (kFp8DecodeCtasPerSm). GroupedConfig's kFp8Ctas (2; 0:
-// the default) overrides it with two CTAs of six stages, the same ~200 KB of stages
-// per SM: at B=1 half the partitions and per-CTA fixed costs; at head 64, 64 x 8
-// items in two waves instead of one. Only development builds
-// (JAX_PAGED_FP8_CTAS_VARIANTS) compile that form, run where JAX_PAGED_FP8_CTAS=2
-// (Fp8CtasVariant), so that one build A/Bs both. Measured (H100, fifty-first and
-// fifty-second sessions, BENCHMARKS.md): fp8 B=1 L=32768 5-6% faster, 64 x 32 x 8 x
-// 4096 4-6% and head 64 4-8% slower, so the default stays four. (Three CTAs of four
-// stages, fifty-second session: B=1 unchanged, those two 16% and 18% slower; removed.)
-constexpr int kFp8DecodeCtasPerSm = 4;
-
 // QELEM: bytes of one query element (2 for f16/bf16 -> tensor cores, 4 for
 // f32 -> CUDA cores). CELEM: bytes of one cache element (QELEM, or 1 for fp8
 // caches, which need QELEM == 2: they are widened to f16 in registers,
@@ -83,8 +71,16 @@ constexpr int kFp8DecodeCtasPerSm = 4;
 // kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
 // of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
 // that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
-// kFp8Ctas (0, or 2 for the fp8 decode kernels with 16 KB stages, development):
-// their CTAs per SM instead of kFp8DecodeCtasPerSm (see there).
+// kFp8Ctas (development): 0, or 2 for the fp8 decode kernels with 16 KB stages (head
+// sizes up to 128), which then run two CTAs per SM with six stages instead of four
+// with three, the same ~200 KB of stages per SM: at B=1 half the partitions and
+// per-CTA fixed costs; at head 64, 64 x 8 items in two waves instead of one. Only
+// development builds (JAX_PAGED_FP8_CTAS_VARIANTS) compile that form, run where
+// JAX_PAGED_FP8_CTAS=2 (Fp8CtasVariant), so that one build A/Bs both. Measured (H100,
+// fifty-first and fifty-second sessions, BENCHMARKS.md): fp8 B=1 L=32768 5-6% faster,
+// 64 x 32 x 8 x 4096 4-6% and head 64 4-8% slower, so the default stays four. (Three
+// CTAs of four stages, fifty-second session: B=1 unchanged, those two 16% and 18%
+// slower; removed.)
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1, int kFp8Ctas = 0>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
@@ -93,8 +89,8 @@ struct GroupedConfig {
   static_assert(!kFp8 || D % 16 == 0, "fp8 caches need head_size % 16 == 0");
   static constexpr int kQX = 16 / QELEM;  // query elements per 16-byte chunk
   static constexpr bool kRowSplit = kRowBlocks > 1;
-  static_assert(kFp8Ctas == 0 || (kFp8Ctas == 2 && kFp8 && !kRowSplit),
-                "kFp8Ctas: two CTAs per SM, fp8 decode kernels only");
+  static_assert(kFp8Ctas == 0 || (kFp8Ctas == 2 && kFp8 && !kRowSplit && !WideRowSplitHead(D)),
+                "kFp8Ctas: two CTAs per SM, fp8 decode kernels with 16 KB stages only");
   // Each warp owns a 16-token slice of a tile; for large heads with 16-bit
   // caches two warps share a slice (both compute its 16x16 logits, each does
   // half of P.V), so that the tile, the accumulators and the registers stay
@@ -164,9 +160,8 @@ struct GroupedConfig {
   // Target of CTAs resident per SM on Hopper (228 KB of shared memory): four
   // when a stage is at most 16 KB (head size 64 at 16 bits, fp8 caches up to
   // head size 128), with ~48 KB of stages each; otherwise two, with ~100 KB
-  // each (f32 queries at large head sizes fit only one); the fp8 decode kernels
-  // follow kFp8DecodeCtasPerSm or kFp8Ctas. Small
-  // stages leave a CTA little compute per byte, so more warps per SM hide
+  // each (f32 queries at large head sizes fit only one); kFp8Ctas overrides the
+  // four. Small stages leave a CTA little compute per byte, so more warps per SM hide
   // its latencies (D=64 at two CTAs per SM: 77% of copy bandwidth on the
   // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs
   // per SM at D=64 made 512 CTAs 1.29 waves: 78%.)
@@ -181,7 +176,7 @@ struct GroupedConfig {
       kWarpgroups == 2
           ? 1
           : (kStageBytes <= 16 * 1024 && !(kFp8 && kRowSplit && D > 64)
-                 ? (kFp8 && !kRowSplit ? (kFp8Ctas ? kFp8Ctas : kFp8DecodeCtasPerSm) : 4)
+                 ? (kFp8Ctas ? kFp8Ctas : 4)
                  : 2);
   static constexpr int kStageBudget =
       kRowSplit ? 228 * 1024 / kTargetCtasPerSm - 1024 - kQOwnBytes - kMlBytes - 512
@@ -235,8 +230,7 @@ static_assert(GroupedConfig<2, 2, 128>::kStages == 3 && GroupedConfig<2, 2, 128>
               "decode kernels: stages and CTAs per SM");
 static_assert(GroupedConfig<2, 1, 128, 1, 1, 2>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 128, 1, 1, 2>::kStages == 6 &&
-                  GroupedConfig<2, 1, 64, 1, 1, 2>::kCtasPerSm == 2 &&
-                  GroupedConfig<2, 1, 256, 1, 1, 2>::kCtasPerSm == 2,
+                  GroupedConfig<2, 1, 64, 1, 1, 2>::kCtasPerSm == 2,
               "fp8 decode variants (kFp8Ctas): ~200 KB of stages per SM");
 static_assert(GroupedConfig<2, 2, 256, 4>::kTile == 32 && GroupedConfig<2, 2, 256, 4>::kStages == 2 &&
                   GroupedConfig<2, 2, 256, 4>::kCtasPerSm == 2 && GroupedConfig<2, 2, 192, 4>::kStages == 3,
@@ -345,7 +339,7 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
 // The fp8 decode kernels' CTAs per SM (GroupedConfig's kFp8Ctas) a process runs:
 // in development builds with JAX_PAGED_FP8_CTAS_VARIANTS, 2 where the environment
 // variable JAX_PAGED_FP8_CTAS=2 (read once, so that one build A/Bs both); else 0,
-// the default (kFp8DecodeCtasPerSm).
+// the default (four).
 inline int Fp8CtasVariant() {
 #ifdef JAX_PAGED_FP8_CTAS_VARIANTS
   static const int variant = EnvIs("JAX_PAGED_FP8_CTAS", "2") ? 2 : 0;

@@ -168,14 +168,17 @@ def _grouped_layout_args(dims: _shapes.AttentionDims, query_dtype) -> tuple:
     query_itemsize = np.dtype(query_dtype).itemsize
     cache_itemsize = (query_itemsize if dims.cache_dtype is None
                       else np.dtype(dims.cache_dtype).itemsize)
-    return query_itemsize, cache_itemsize, dims.head_size, _rows_per_kv_head(dims), dims.q_len
+    return (query_itemsize, cache_itemsize, dims.head_size, _rows_per_kv_head(dims), dims.q_len,
+            dims.num_seqs * dims.num_kv_heads)
 
 
 def grouped_ctas_per_sm(dims: _shapes.AttentionDims, query_dtype) -> int:
     """CTAs of the CUDA grouped kernel resident per SM for this call's dtypes,
-    head size and query rows, from the CUDA module (the kernel's own
-    configuration: up to 4 when a pipeline stage is at most 16 KiB, else up to
-    2, fewer where the shared memory does not fit them); 2 without the module."""
+    head size, query rows and (sequence, KV head) pairs, from the CUDA module
+    (the kernel's own configuration: up to 4 when a pipeline stage is at most
+    16 KiB, else up to 2, fewer where the shared memory does not fit them; fp8
+    decode calls with few (sequence, KV head) pairs run 2, see the module's
+    kFp8TwoCtasMaxWorkItems); 2 without the module."""
     module = _native.cuda_module
     if module is None:
         return 2

@@ -39,19 +39,19 @@ GroupedKernelInfo InfoFromConfig() {
 
 // The configuration SelectGroupedKernel (grouped_attention.cuh) picks (WithGroupedLayout).
 template <int QELEM, int CELEM, int H>
-GroupedKernelInfo InfoOf(int rows_per_kv_head, int q_len) {
+GroupedKernelInfo InfoOf(int rows_per_kv_head, int q_len, int64_t seq_kv_heads) {
   return WithGroupedLayout<QELEM, CELEM, H>(
-      q_len, rows_per_kv_head, [](auto row_blocks, auto fp8_ctas) {
+      q_len, rows_per_kv_head, seq_kv_heads, [](auto row_blocks, auto fp8_ctas) {
         return InfoFromConfig<GroupedConfig<QELEM, CELEM, H, decltype(row_blocks)::value, 1,
                                             decltype(fp8_ctas)::value>>();
       });
 }
 
 GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,
-                              int rows_per_kv_head, int q_len) {
+                              int rows_per_kv_head, int q_len, int64_t seq_kv_heads) {
   GroupedKernelInfo info;
 #define JAX_PAGED_GROUPED_INFO_(QELEM, CELEM, H) \
-  if (head_size == H) info = InfoOf<QELEM, CELEM, H>(rows_per_kv_head, q_len);
+  if (head_size == H) info = InfoOf<QELEM, CELEM, H>(rows_per_kv_head, q_len, seq_kv_heads);
   if (cache_kind != CacheKind::kSameAsQuery) {
     if (query_kind == ScalarKind::kF32) return info;  // fp8 caches need a 16-bit query
     JAX_PAGED_FP8_HEAD_SIZES_A(JAX_PAGED_GROUPED_INFO_, 2, 1)
@@ -103,9 +103,10 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
   if (major > 0 && major < 9)
     return ArgError(std::string(op) + ": the grouped kernel needs compute capability 9.0 "
                     "(Hopper) or newer (bulk copies); use impl=\"v2\" on this GPU");
-  const size_t smem = cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size,
-                                                 cuda::grouped::RowsPerKvHead(p), p.q_len)
-                           .smem_bytes;
+  const size_t smem =
+      cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size, cuda::grouped::RowsPerKvHead(p),
+                                 p.q_len, int64_t{p.num_seqs} * p.num_kv_heads)
+          .smem_bytes;
   const int optin = cuda::MaxSharedMemoryOptin(device);
   if (optin > 0 && smem > static_cast<size_t>(optin))
     return ArgError(std::string(op) + ": needs " + std::to_string(smem) +
@@ -146,25 +147,28 @@ void JaxPagedSetGroupedTrace(uintptr_t buffer, int capacity_ctas) {
 namespace {
 jax_paged::cuda::grouped::GroupedKernelInfo InfoForItemsizes(int query_itemsize,
                                                             int cache_itemsize, int head_size,
-                                                            int rows_per_kv_head, int q_len) {
+                                                            int rows_per_kv_head, int q_len,
+                                                            int64_t seq_kv_heads) {
   using jax_paged::CacheKind;
   using jax_paged::ScalarKind;
   const ScalarKind query_kind = query_itemsize == 4 ? ScalarKind::kF32 : ScalarKind::kBF16;
   const CacheKind cache_kind = cache_itemsize == 1 ? CacheKind::kFp8E4M3 : CacheKind::kSameAsQuery;
   return jax_paged::cuda::grouped::GroupedInfo(query_kind, cache_kind, head_size,
-                                               rows_per_kv_head, q_len);
+                                               rows_per_kv_head, q_len, seq_kv_heads);
 }
 }  // namespace
 
 int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size,
-                             int rows_per_kv_head, int q_len) {
-  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len)
+                             int rows_per_kv_head, int q_len, int64_t seq_kv_heads) {
+  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len,
+                          seq_kv_heads)
       .ctas_per_sm;
 }
 
 int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_size,
-                              int rows_per_kv_head, int q_len) {
-  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len)
+                              int rows_per_kv_head, int q_len, int64_t seq_kv_heads) {
+  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len,
+                          seq_kv_heads)
       .rows_per_cta;
 }
 
@@ -184,9 +188,6 @@ const char* JaxPagedDevelopmentOptions() {
 #endif
 #ifdef JAX_PAGED_PLAIN_ALL_VALID
          "PLAIN_ALL_VALID "
-#endif
-#ifdef JAX_PAGED_FP8_CTAS_VARIANTS
-         "FP8_CTAS_VARIANTS "
 #endif
       ;
 }

@@ -21,6 +21,8 @@
 //                       -> key_cache, value_cache   (aliased, in place)
 #pragma once
 
+#include <cstdint>
+
 #include "xla/ffi/api/ffi.h"
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedAttentionV1Cpu);
@@ -36,19 +38,19 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxPagedAttentionGroupedCuda);
 
 // CUDA only: CTAs resident per SM (0 if unsupported) and query rows per CTA of
 // the grouped kernel a call runs, for a query / cache element size (bytes; 1 =
-// fp8), head size and query rows per KV head (q_len * group). The Python
-// partition rule sizes its split with them.
+// fp8), head size, query rows per KV head (q_len * group), query length and
+// (sequence, KV head) pairs (num_seqs * num_kv_heads). The Python partition rule
+// sizes its split with them.
 int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size,
-                             int rows_per_kv_head, int q_len);
+                             int rows_per_kv_head, int q_len, int64_t seq_kv_heads);
 int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_size,
-                              int rows_per_kv_head, int q_len);
+                              int rows_per_kv_head, int q_len, int64_t seq_kv_heads);
 // CUDA only: the development build options (CMakeLists.txt, "(development)") the
 // kernels were built with, space-separated without the JAX_PAGED_ prefix; "" for
 // a default build.
 const char* JaxPagedDevelopmentOptions();
 
 #ifdef JAX_PAGED_TRACE
-#include <cstdint>
 // Development builds only: device buffer of [capacity_ctas][8] uint64 that
 // every later grouped launch fills with per-CTA timestamps (0 = off).
 void JaxPagedSetGroupedTrace(uintptr_t buffer, int capacity_ctas);

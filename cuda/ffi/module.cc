@@ -37,11 +37,11 @@ NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
   });
 #ifdef JAX_PAGED_MODULE_CUDA
   m.def("grouped_ctas_per_sm", &JaxPagedGroupedCtasPerSm, nb::arg("query_itemsize"),
-        nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head") = 1,
-        nb::arg("q_len") = 1);
+        nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head"),
+        nb::arg("q_len"), nb::arg("seq_kv_heads"));
   m.def("grouped_rows_per_cta", &JaxPagedGroupedRowsPerCta, nb::arg("query_itemsize"),
-        nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head") = 1,
-        nb::arg("q_len") = 1);
+        nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head"),
+        nb::arg("q_len"), nb::arg("seq_kv_heads"));
   m.attr("development_options") = JaxPagedDevelopmentOptions();
 #ifdef JAX_PAGED_TRACE
   m.def("set_grouped_trace", &JaxPagedSetGroupedTrace, nb::arg("buffer"), nb::arg("capacity_ctas"));

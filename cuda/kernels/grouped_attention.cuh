@@ -2433,7 +2433,7 @@ GroupedInstance WgmmaFp8RowSplitInstance() {
 // session, soft cap 30 against the general kernel: -0.2..-0.9 us at B=1
 // L=32768 (41.6-41.7 us, 76.7-77.5% of copy), -0.1 to -1.3 us elsewhere.
 // v_map: the wgmma form's value-cache tensor map, encoded here when that form is chosen.
-// kFp8Ctas: WithGroupedLayout's CTAs per SM of the fp8 decode kernels (0: the default).
+// kFp8Ctas: WithGroupedLayout's CTAs per SM of the fp8 decode kernels (0: four).
 template <typename T, typename TC, int D, int kRowBlocks = 1, int kFp8Ctas = 0>
 GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
                                       CUtensorMap* v_map) {
@@ -2514,7 +2514,8 @@ template <typename T, typename TC, int D>
 GroupedInstance SelectGroupedKernel(const PagedAttentionParams& p, int device,
                                     CUtensorMap* v_map) {
   return WithGroupedLayout<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>(
-      p.q_len, RowsPerKvHead(p), [&](auto row_blocks, auto fp8_ctas) {
+      p.q_len, RowsPerKvHead(p), int64_t{p.num_seqs} * p.num_kv_heads,
+      [&](auto row_blocks, auto fp8_ctas) {
         return SelectGroupedKernelOf<T, TC, D, decltype(row_blocks)::value,
                                      decltype(fp8_ctas)::value>(p, device, v_map);
       });

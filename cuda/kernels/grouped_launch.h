@@ -71,16 +71,13 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
 // of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
 // that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
-// kFp8Ctas (development): 0, or 2 for the fp8 decode kernels with 16 KB stages (head
-// sizes up to 128), which then run two CTAs per SM with six stages instead of four
-// with three, the same ~200 KB of stages per SM: at B=1 half the partitions and
-// per-CTA fixed costs; at head 64, 64 x 8 items in two waves instead of one. Only
-// development builds (JAX_PAGED_FP8_CTAS_VARIANTS) compile that form, run where
-// JAX_PAGED_FP8_CTAS=2 (Fp8CtasVariant), so that one build A/Bs both. Measured (H100,
-// fifty-first and fifty-second sessions, BENCHMARKS.md): fp8 B=1 L=32768 5-6% faster,
-// 64 x 32 x 8 x 4096 4-6% and head 64 4-8% slower, so the default stays four. (Three
-// CTAs of four stages, fifty-second session: B=1 unchanged, those two 16% and 18%
-// slower; removed.)
+// kFp8Ctas: 0, or 2 for the fp8 decode kernels with 16 KB stages (head sizes up
+// to 128), which then run two CTAs per SM with six stages instead of four with
+// three, the same ~200 KB of stages per SM: at B=1 half the partitions and
+// per-CTA fixed costs; at head 64, 64 x 8 items in two waves instead of one.
+// Which of the two a call runs is Fp8CtasFor's rule (few work items: two).
+// (Three CTAs of four stages, fifty-second session: B=1 unchanged, large
+// batches 16-18% slower; removed.)
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1, int kFp8Ctas = 0>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
@@ -336,39 +333,49 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
   return f(std::integral_constant<int, 1>{});
 }
 
-// The fp8 decode kernels' CTAs per SM (GroupedConfig's kFp8Ctas) a process runs:
-// in development builds with JAX_PAGED_FP8_CTAS_VARIANTS, 2 where the environment
-// variable JAX_PAGED_FP8_CTAS=2 (read once, so that one build A/Bs both); else 0,
-// the default (four).
-inline int Fp8CtasVariant() {
-#ifdef JAX_PAGED_FP8_CTAS_VARIANTS
-  static const int variant = EnvIs("JAX_PAGED_FP8_CTAS", "2") ? 2 : 0;
-  return variant;
-#else
-  return 0;
-#endif
+// Work items of a call at or below which the fp8 decode kernels run two CTAs per
+// SM (GroupedConfig's kFp8Ctas = 2) rather than four. A work item is one CTA's
+// share of a partition: a (sequence, KV head, 16 query rows); few of them means
+// many partitions per item, and there the longer partitions and smaller merge of
+// two CTAs per SM pay. Measured (BENCHMARKS.md, fifty-first to fifty-third
+// sessions): H100, fp8 B=1 L=32768 (8 items) 5-6% faster with two, 64 x 32 x 8 x
+// 4096 (512 items) 4% slower and head 64 (512 items) 4% slower.
+constexpr int kFp8TwoCtasMaxWorkItems = 16;
+
+// The fp8 decode kernels' CTAs per SM (kFp8Ctas: 2, or 0 for the default four)
+// for a call of `work_items` work items (see kFp8TwoCtasMaxWorkItems). The
+// environment variable JAX_PAGED_FP8_CTAS=2 or =4 (read once) forces one form for
+// every call: for A/B runs in one build.
+inline int Fp8CtasFor(int64_t work_items) {
+  static const int forced = EnvIs("JAX_PAGED_FP8_CTAS", "2") ? 2
+                            : EnvIs("JAX_PAGED_FP8_CTAS", "4") ? 4
+                                                               : 0;
+  if (forced) return forced == 2 ? 2 : 0;
+  return work_items <= kFp8TwoCtasMaxWorkItems ? 2 : 0;
 }
 
 // f(row_blocks, fp8_ctas), both std::integral_constant: WithRowBlocks's row blocks,
 // and for the fp8 decode kernels with 16 KB stages (one row block, head sizes up to
-// 128) Fp8CtasVariant's CTAs per SM, else 0. What the kernel choice
-// (SelectGroupedKernel) and the layout reported to Python (GroupedInfo) both use.
+// 128) Fp8CtasFor's CTAs per SM for the call's `num_seqs * num_kv_heads` (times its
+// kMaxRows-row chunks), else 0. What the kernel choice (SelectGroupedKernel) and the
+// layout reported to Python (GroupedInfo) both use.
 template <int QELEM, int CELEM, int D, typename F>
-auto WithGroupedLayout(int q_len, int rows_per_kv_head, F&& f) {
+auto WithGroupedLayout(int q_len, int rows_per_kv_head, int64_t seq_kv_heads, F&& f) {
   return WithRowBlocks<QELEM, CELEM, D>(q_len, rows_per_kv_head, [&](auto row_blocks) {
-#ifdef JAX_PAGED_FP8_CTAS_VARIANTS
     if constexpr (QELEM == 2 && CELEM == 1 && decltype(row_blocks)::value == 1 &&
                   !WideRowSplitHead(D)) {
-      if (Fp8CtasVariant() == 2) return f(row_blocks, std::integral_constant<int, 2>{});
+      const int64_t chunks = (rows_per_kv_head + kMaxRows - 1) / kMaxRows;
+      if (Fp8CtasFor(seq_kv_heads * chunks) == 2)
+        return f(row_blocks, std::integral_constant<int, 2>{});
     }
-#endif
     return f(row_blocks, std::integral_constant<int, 0>{});
   });
 }
 
 // Dynamic shared memory of one CTA, CTAs per SM and query rows per CTA
 // (GroupedConfig) of the kernel a call with `rows_per_kv_head` query rows per KV
-// head (q_len * group) and query length `q_len` runs; smem_bytes and ctas_per_sm
+// head (q_len * group), query length `q_len` and `seq_kv_heads` (sequence, KV
+// head) pairs (num_seqs * num_kv_heads) runs; smem_bytes and ctas_per_sm
 // are 0 for an unsupported head size or query / cache combination.
 struct GroupedKernelInfo {
   size_t smem_bytes = 0;
@@ -376,7 +383,7 @@ struct GroupedKernelInfo {
   int rows_per_cta = 16;
 };
 GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int head_size,
-                              int rows_per_kv_head = 1, int q_len = 1);
+                              int rows_per_kv_head, int q_len, int64_t seq_kv_heads);
 
 // Launches the grouped kernel over the V2 workspace of `p` and, when
 // p.max_num_partitions > 1, the V2 reduce kernel (paged_attention.cuh);

@@ -1489,23 +1489,24 @@ def test_grouped_split_counts_resident_ctas_per_sm(monkeypatch):
     fp8 = dict(dims.__dict__, cache_dtype=np.dtype(jnp.float8_e4m3fn))
     assert per_sm(dims, jnp.bfloat16) == 4          # 16 KiB stages
     assert per_sm(_shapes.AttentionDims(**{**dims.__dict__, "head_size": 128}), jnp.bfloat16) == 2
-    # fp8 decode (16 KiB stages): two per SM for calls of at most 16 work items
+    # fp8 decode (16 KiB stages): two per SM for calls of at most 32 work items
     # (sequence, KV head, 16 query rows), else four; JAX_PAGED_FP8_CTAS=2 or =4
     # forces one (the module reads it once, as here).
     forced = os.environ.get("JAX_PAGED_FP8_CTAS")
 
     def fp8_ctas(work_items):
-        return {"2": 2, "4": 4}.get(forced, 2 if work_items <= 16 else 4)
+        return {"2": 2, "4": 4}.get(forced, 2 if work_items <= 32 else 4)
 
     for head_size in (64, 128):
         fp8_dims = _shapes.AttentionDims(**{**fp8, "head_size": head_size})
         assert per_sm(fp8_dims, jnp.bfloat16) == fp8_ctas(8)        # 1 x 8 KV heads
-        for num_seqs in (2, 3, 64):
+        for num_seqs in (2, 4, 5, 64):
             batch = _shapes.AttentionDims(**{**fp8_dims.__dict__, "num_seqs": num_seqs})
             assert per_sm(batch, jnp.bfloat16) == fp8_ctas(8 * num_seqs), num_seqs
         # q_len 4 at group 4: 16 rows, one 16-row CTA per (sequence, KV head).
-        four = _shapes.AttentionDims(**{**fp8_dims.__dict__, "num_seqs": 2, "q_len": 4})
-        assert per_sm(four, jnp.bfloat16) == fp8_ctas(16)
+        for num_seqs in (4, 5):
+            four = _shapes.AttentionDims(**{**fp8_dims.__dict__, "num_seqs": num_seqs, "q_len": 4})
+            assert per_sm(four, jnp.bfloat16) == fp8_ctas(8 * num_seqs), num_seqs
         # Multi-token calls with more than 16 rows per KV head run the row split: not varied.
         if os.environ.get("JAX_PAGED_ROW_SPLIT") != "0":
             multi = _shapes.AttentionDims(**{**fp8_dims.__dict__, "q_len": 8})

@@ -335,12 +335,14 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
 
 // Work items of a call at or below which the fp8 decode kernels run two CTAs per
 // SM (GroupedConfig's kFp8Ctas = 2) rather than four. A work item is one CTA's
-// share of a partition: a (sequence, KV head, 16 query rows); few of them means
-// many partitions per item, and there the longer partitions and smaller merge of
-// two CTAs per SM pay. Measured (BENCHMARKS.md, fifty-first to fifty-third
-// sessions): H100, fp8 B=1 L=32768 (8 items) 5-6% faster with two, 64 x 32 x 8 x
-// 4096 (512 items) 4% slower and head 64 (512 items) 4% slower.
-constexpr int kFp8TwoCtasMaxWorkItems = 16;
+// share of a partition: a (sequence, KV head, 16 query rows). With at most 32 of
+// them four CTAs per SM cut partitions of ~512 tokens (16+ splits over 528 slots),
+// two cut ~1024: half the CTAs whose prologue, last tile and epilogue the call
+// pays, and a smaller merge. Measured (H100, head 128, BENCHMARKS.md fifty-third
+// session, two CTAs / four): 8 items (B=1, L=32768) 0.942 (third run of 0.94-0.95),
+// 16 items 1.000, 32 items 0.957; 64 items (8 x 8192) 1.015, 512 items 1.032, head
+// 64 at 512 items 1.066. Not yet measured on the H200.
+constexpr int kFp8TwoCtasMaxWorkItems = 32;
 
 // The fp8 decode kernels' CTAs per SM (kFp8Ctas: 2, or 0 for the default four)
 // for a call of `work_items` work items (see kFp8TwoCtasMaxWorkItems). The

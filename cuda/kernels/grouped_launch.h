@@ -53,6 +53,13 @@ constexpr bool WideRowSplitHead(int d) { return d > 128; }
 // CTAs, head 64 113.6 against 132.5 in one 64-row CTA; BENCHMARKS.md.)
 constexpr bool TwoRowBlocksAvailable(int d) { return !WideRowSplitHead(d); }
 
+// Whether a kernel's CTAs per SM vary per call (GroupedConfig's kFp8Ctas, chosen by
+// WithGroupedLayout): the fp8 decode kernels with 16 KB stages, i.e. fp8 caches under
+// a 16-bit query, 16-row CTAs, head sizes up to 128.
+constexpr bool Fp8CtasVaried(int qelem, int celem, int d, int row_blocks) {
+  return qelem == 2 && celem == 1 && row_blocks == 1 && !WideRowSplitHead(d);
+}
+
 constexpr int ClampInt(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int RoundUp(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power of two
@@ -72,7 +79,7 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
 // that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
 // kFp8Ctas: 0, or 2 for the fp8 decode kernels with 16 KB stages (head sizes up
-// to 128), which then run two CTAs per SM with six stages instead of four with
+// to 128, Fp8CtasVaried), which then run two CTAs per SM with six stages instead of four with
 // three, the same ~200 KB of stages per SM: at B=1 half the partitions and
 // per-CTA fixed costs; at head 64, 64 x 8 items in two waves instead of one.
 // Which of the two a call runs is Fp8CtasFor's rule (few work items: two).
@@ -86,7 +93,7 @@ struct GroupedConfig {
   static_assert(!kFp8 || D % 16 == 0, "fp8 caches need head_size % 16 == 0");
   static constexpr int kQX = 16 / QELEM;  // query elements per 16-byte chunk
   static constexpr bool kRowSplit = kRowBlocks > 1;
-  static_assert(kFp8Ctas == 0 || (kFp8Ctas == 2 && kFp8 && !kRowSplit && !WideRowSplitHead(D)),
+  static_assert(kFp8Ctas == 0 || (kFp8Ctas == 2 && Fp8CtasVaried(QELEM, CELEM, D, kRowBlocks)),
                 "kFp8Ctas: two CTAs per SM, fp8 decode kernels with 16 KB stages only");
   // Each warp owns a 16-token slice of a tile; for large heads with 16-bit
   // caches two warps share a slice (both compute its 16x16 logits, each does
@@ -349,10 +356,10 @@ constexpr int kFp8TwoCtasMaxWorkItems = 32;
 // environment variable JAX_PAGED_FP8_CTAS=2 or =4 (read once) forces one form for
 // every call: for A/B runs in one build.
 inline int Fp8CtasFor(int64_t work_items) {
-  static const int forced = EnvIs("JAX_PAGED_FP8_CTAS", "2") ? 2
-                            : EnvIs("JAX_PAGED_FP8_CTAS", "4") ? 4
-                                                               : 0;
-  if (forced) return forced == 2 ? 2 : 0;
+  static const int forced = EnvIs("JAX_PAGED_FP8_CTAS", "2")   ? 2
+                            : EnvIs("JAX_PAGED_FP8_CTAS", "4") ? 0
+                                                               : -1;  // the rule
+  if (forced >= 0) return forced;
   return work_items <= kFp8TwoCtasMaxWorkItems ? 2 : 0;
 }
 
@@ -364,8 +371,7 @@ inline int Fp8CtasFor(int64_t work_items) {
 template <int QELEM, int CELEM, int D, typename F>
 auto WithGroupedLayout(int q_len, int rows_per_kv_head, int64_t seq_kv_heads, F&& f) {
   return WithRowBlocks<QELEM, CELEM, D>(q_len, rows_per_kv_head, [&](auto row_blocks) {
-    if constexpr (QELEM == 2 && CELEM == 1 && decltype(row_blocks)::value == 1 &&
-                  !WideRowSplitHead(D)) {
+    if constexpr (Fp8CtasVaried(QELEM, CELEM, D, decltype(row_blocks)::value)) {
       const int64_t chunks = (rows_per_kv_head + kMaxRows - 1) / kMaxRows;
       if (Fp8CtasFor(seq_kv_heads * chunks) == 2)
         return f(row_blocks, std::integral_constant<int, 2>{});

@@ -348,7 +348,9 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
 // pays, and a smaller merge. Measured (H100, head 128, BENCHMARKS.md fifty-third
 // session, two CTAs / four): 8 items (B=1, L=32768) 0.942 (third run of 0.94-0.95),
 // 16 items 1.000, 32 items 0.957; 64 items (8 x 8192) 1.015, 512 items 1.032, head
-// 64 at 512 items 1.066. Not yet measured on the H200.
+// 64 at 512 items 1.066. Fifty-fourth session (another H100): 8 / 16 / 32 / 64 items
+// 0.948 / 0.969 / 0.945 / 1.008, and q_len 4 (16 rows per KV head, the same kernels)
+// 0.925 / 0.953 / 0.873 / 0.993. Not yet measured on the H200.
 constexpr int kFp8TwoCtasMaxWorkItems = 32;
 
 // The fp8 decode kernels' CTAs per SM (kFp8Ctas: 2, or 0 for the default four)

@@ -35,9 +35,9 @@ from jax.sharding import Mesh
 
 import jax_paged
 from jax_paged.cache import kv_cache_bytes
-from jax_paged.engine import Engine, EngineConfig
+from jax_paged.serving.engine import Engine, EngineConfig
 from jax_paged.primitives import CUDA_HEAD_SIZES
-from jax_paged.llama import (
+from jax_paged.serving.model import (
     PRESETS, TP_AXIS, LlamaConfig, check_tensor_parallel, generate_dense, init_params,
     load_hf_checkpoint,
 )

@@ -39,7 +39,7 @@ def test_cpu_tiles_match_float64(arch, tmp_path):
         pytest.skip(f"this CPU cannot run {arch} code")
     exe = tmp_path / f"cpu_tiles_check_{arch}"
     subprocess.run([CXX, "-O3", "-std=c++17", f"-march={arch}", "-DJAX_PAGED_CPU_NO_CLONES",
-                    f"-I{ROOT / 'cuda'}", str(ROOT / "tests" / "cpu_tiles_check.cc"),
+                    f"-I{ROOT / 'csrc'}", str(ROOT / "tests" / "cpu_tiles_check.cc"),
                     "-o", str(exe)], check=True, capture_output=True, text=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr

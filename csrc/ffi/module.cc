@@ -1,0 +1,50 @@
+// Python module exposing one platform's FFI handlers as capsules for
+// jax.ffi.register_ffi_target. Compiled twice by CMake: as `_cpu` (the CPU
+// handlers) and, with JAX_PAGED_MODULE_CUDA defined, as `_cuda`.
+#include <nanobind/nanobind.h>
+
+#include "ffi/handlers.h"
+
+namespace nb = nanobind;
+
+#ifdef JAX_PAGED_MODULE_CUDA
+#define JAX_PAGED_MODULE_NAME _cuda
+#define JAX_PAGED_HANDLER(name) name##Cuda
+#else
+#define JAX_PAGED_MODULE_NAME _cpu
+#define JAX_PAGED_HANDLER(name) name##Cpu
+#endif
+
+template <typename Fn>
+static nb::capsule Capsule(Fn* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
+  m.attr("jaxlib_build_version") = JAXLIB_BUILD_VERSION;
+  m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+  m.def("registrations", []() {
+    nb::dict d;
+    d["jax_paged_attention_v1"] = Capsule(JAX_PAGED_HANDLER(JaxPagedAttentionV1));
+    d["jax_paged_attention_v2"] = Capsule(JAX_PAGED_HANDLER(JaxPagedAttentionV2));
+    d["jax_paged_reshape_and_cache"] = Capsule(JAX_PAGED_HANDLER(JaxPagedReshapeAndCache));
+    d["jax_paged_copy_blocks"] = Capsule(JAX_PAGED_HANDLER(JaxPagedCopyBlocks));
+#ifdef JAX_PAGED_MODULE_CUDA
+    // CUDA only: on the CPU, impl="grouped" lowers to the (already grouped) V2 target.
+    d["jax_paged_attention_grouped"] = Capsule(JaxPagedAttentionGroupedCuda);
+#endif
+    return d;
+  });
+#ifdef JAX_PAGED_MODULE_CUDA
+  m.def("grouped_ctas_per_sm", &JaxPagedGroupedCtasPerSm, nb::arg("query_itemsize"),
+        nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head"),
+        nb::arg("q_len"), nb::arg("seq_kv_heads"));
+  m.def("grouped_rows_per_cta", &JaxPagedGroupedRowsPerCta, nb::arg("query_itemsize"),
+        nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head"),
+        nb::arg("q_len"), nb::arg("seq_kv_heads"));
+  m.attr("development_options") = JaxPagedDevelopmentOptions();
+#ifdef JAX_PAGED_TRACE
+  m.def("set_grouped_trace", &JaxPagedSetGroupedTrace, nb::arg("buffer"), nb::arg("capacity_ctas"));
+#endif
+#endif
+}

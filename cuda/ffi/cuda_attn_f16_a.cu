@@ -1,6 +1,0 @@
-// Explicit instantiations of the paged-attention launchers (V1 + V2 + reduce)
-// for __half and head sizes JAX_PAGED_HEAD_SIZES_A x every block size.
-// Split per (dtype, half of the head sizes) so the build runs in parallel.
-#include "../kernels/paged_attention.cuh"
-
-JAX_PAGED_HEAD_SIZES_A(JAX_PAGED_INSTANTIATE_ATTN_H, __half)

@@ -1,6 +1,0 @@
-// Instantiations of the grouped decode kernel (kernels/grouped_attention.cuh)
-// for __half queries and caches, every supported head size (block size is a
-// run-time parameter).
-#include "../kernels/grouped_attention.cuh"
-
-JAX_PAGED_HEAD_SIZES(JAX_PAGED_INSTANTIATE_GROUPED, __half, __half)

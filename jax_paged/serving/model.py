@@ -1,14 +1,31 @@
-"""A small, readable Llama-style decoder whose attention runs on the paged KV cache.
+"""A small, readable decoder for the Llama family and its relatives, whose attention runs on the
+paged KV cache.
 
 Architecture (as in Hugging Face ``LlamaForCausalLM``): token embedding, then ``num_layers`` blocks of
 
     x = x + o_proj(attention(rope(q_proj(rms_norm(x))), rope(k_proj(...)), v_proj(...)))
-    x = x + down_proj(silu(gate_proj(rms_norm(x))) * up_proj(rms_norm(x)))
+    x = x + down_proj(act(gate_proj(rms_norm(x))) * up_proj(rms_norm(x)))
 
 then a final RMSNorm and the LM head (tied to the embedding or not). Attention is grouped-query
 (``num_kv_heads`` divides ``num_heads``) and RoPE is applied in the *rotate_half* form, which is
-the convention Hugging Face Llama checkpoints are stored in (their q/k projection rows are
-permuted for it), so HF weights load without any re-permutation.
+the convention Hugging Face checkpoints are stored in (their q/k projection rows are permuted
+for it), so HF weights load without any re-permutation.
+
+One module serves every supported family; :class:`ModelConfig` holds the differences, each a
+field or a property read at one place in the layer math:
+
+- ``llama`` (Llama 2, 3, 3.1, 3.2): the block above; ``rope_scaling`` ``llama3`` or ``linear``.
+- ``mistral``: every layer attends only its last ``sliding_window`` tokens (``window_layers``).
+- ``qwen2``: biases on the q/k/v projections (``qkv_bias``).
+- ``qwen3``: an RMSNorm over each head of q and k before RoPE (``qk_norm``).
+- ``gemma2``: embeddings scaled by ``sqrt(hidden_size)``; RMSNorm scales by ``1 + w`` in float32;
+  norms after attention and after the MLP as well as before (``sandwich_norms``); GeGLU with the
+  tanh GELU (``hidden_act="gelu_tanh"``); softmax scale ``query_pre_attn_scalar ** -0.5``;
+  attention logits capped by ``attn_soft_cap * tanh(logit / attn_soft_cap)``, final logits by
+  ``final_soft_cap``; even layers local (``sliding_window``), odd layers global.
+
+Hugging Face checkpoints are read (and refused when they do not fit) by
+:mod:`jax_paged.serving.loader`.
 
 Three forward paths share the same layer math:
 
@@ -37,11 +54,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
-import json
 import math
-import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -64,12 +78,20 @@ KVScales = Optional[Sequence[tuple[Any, Any]]]
 # --------------------------------------------------------------------------------------------
 
 
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+"""Model families :class:`ModelConfig` describes (see the module docstring)."""
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+
+
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig:
-    """Shapes and hyper-parameters of a Llama-style decoder.
+class ModelConfig:
+    """Shapes and hyper-parameters of a decoder of one of :data:`FAMILIES`.
 
     ``rope_scaling`` is ``None`` or a tuple of ``(key, value)`` pairs (hashable form of HF's
     ``rope_scaling`` dict); types ``"llama3"`` and ``"linear"`` are supported.
+    ``window_layers`` lists the layers that attend only their last ``sliding_window`` tokens
+    (the token itself included); the others attend the whole context.
     """
 
     vocab_size: int = 256
@@ -84,17 +106,62 @@ class LlamaConfig:
     rope_scaling: Optional[tuple[tuple[str, Any], ...]] = None
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 8192
+    family: str = "llama"
+    hidden_act: str = "silu"
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: Optional[int] = None
+    window_layers: tuple[int, ...] = ()
+    query_pre_attn_scalar: Optional[float] = None
+    attn_soft_cap: Optional[float] = None
+    final_soft_cap: Optional[float] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, Mapping):
             object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
+        object.__setattr__(self, "window_layers", tuple(int(i) for i in self.window_layers))
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {ACTIVATIONS}, got {self.hidden_act!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
-            raise ValueError("RoPE needs an even head_dim")
+            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        bad = [i for i in self.window_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"window_layers must be layer indices in [0, {self.num_layers}), got {bad}")
+        if self.window_layers and not (self.sliding_window and self.sliding_window >= 1):
+            raise ValueError(f"window_layers {self.window_layers} need sliding_window >= 1, "
+                             f"got {self.sliding_window}")
+
+    # Per-family differences of the layer math (one place each).
+    @property
+    def unit_offset_norm(self) -> bool:
+        """RMSNorm scales by ``1 + w``, computed in float32 (Gemma)."""
+        return self.family == "gemma2"
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """Norms on the attention and MLP outputs too, before the residual add (Gemma 2)."""
+        return self.family == "gemma2"
+
+    @property
+    def embed_scale(self) -> Optional[float]:
+        """Factor on the embeddings (Gemma: ``sqrt(hidden_size)``, rounded to the weights' dtype)."""
+        return math.sqrt(self.hidden_size) if self.family == "gemma2" else None
+
+    @property
+    def attn_scale(self) -> float:
+        """Softmax scale: ``query_pre_attn_scalar ** -0.5`` if set, else ``head_dim ** -0.5``."""
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_window(self, layer: int) -> Optional[int]:
+        """The sliding window of ``layer`` (None: it attends the whole context)."""
+        return self.sliding_window if layer in self.window_layers else None
 
     @staticmethod
-    def preset(name: str, num_layers: Optional[int] = None, **overrides: Any) -> "LlamaConfig":
+    def preset(name: str, num_layers: Optional[int] = None, **overrides: Any) -> "ModelConfig":
         """A named configuration; ``num_layers`` overrides the preset's depth.
 
         Presets: ``tiny`` (default test/CPU model, ~0.1M params), ``small`` (a few M params, for
@@ -107,40 +174,15 @@ class LlamaConfig:
         if num_layers is not None:
             kw["num_layers"] = num_layers
         kw.update(overrides)
-        return LlamaConfig(**kw)
-
-    @staticmethod
-    def from_hf_config(cfg: Mapping[str, Any]) -> "LlamaConfig":
-        """Build a config from a Hugging Face ``config.json`` dict (Llama family)."""
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise NotImplementedError("attention/MLP biases are not supported")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"hidden_act={cfg['hidden_act']!r} (only silu)")
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        head_dim = cfg.get("head_dim") or hidden // heads
-        return LlamaConfig(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rope_scaling=cfg.get("rope_scaling"),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
-        )
+        return ModelConfig(**kw)
 
     def num_params(self) -> int:
         """Number of parameters (embedding counted once when tied)."""
-        d, i, hd = self.hidden_size, self.intermediate_size, self.head_dim
-        attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
-        per_layer = attn + 3 * d * i + 2 * d
-        head = 0 if self.tie_word_embeddings else self.vocab_size * d
-        return self.vocab_size * d + self.num_layers * per_layer + d + head
+        return sum(math.prod(shape) for _, shape, _ in _param_specs(self))
+
+
+LlamaConfig = ModelConfig
+"""The same class: a Llama-family config is a :class:`ModelConfig` with ``family="llama"``."""
 
 
 _LLAMA3_SCALING = (
@@ -171,7 +213,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # --------------------------------------------------------------------------------------------
 
 
-def init_params(config: LlamaConfig, seed: int = 0, dtype: Any = jnp.float32) -> Params:
+def init_params(config: ModelConfig, seed: int = 0, dtype: Any = jnp.float32) -> Params:
     """Random parameters from ``seed``.
 
     Linear weights ``[in, out]`` ~ N(0, 1/in) so activations stay O(1) at any width (which also
@@ -183,18 +225,28 @@ def init_params(config: LlamaConfig, seed: int = 0, dtype: Any = jnp.float32) ->
     return _init_params_jit(jnp.uint32(seed), config=config, dtype=jnp.dtype(dtype))
 
 
-def _param_specs(c: LlamaConfig) -> list[tuple[tuple, tuple[int, ...], str]]:
-    """(pytree path, shape, kind) of every parameter, kind in {"embed", "linear", "norm"}."""
+def _param_specs(c: ModelConfig) -> list[tuple[tuple, tuple[int, ...], str]]:
+    """(pytree path, shape, kind) of every parameter, kind in {"embed", "linear", "norm",
+    "bias"}. The layer keys beyond the Llama set: ``bq/bk/bv`` (``qkv_bias``), ``q_norm`` /
+    ``k_norm`` over one head (``qk_norm``), ``post_attn_norm`` / ``post_mlp_norm``
+    (``sandwich_norms``)."""
     d, hd = c.hidden_size, c.head_dim
+    q_out, kv_out = c.num_heads * hd, c.num_kv_heads * hd
+    layer: list[tuple[str, tuple[int, ...], str]] = [
+        ("attn_norm", (d,), "norm"), ("wq", (d, q_out), "linear"),
+        ("wk", (d, kv_out), "linear"), ("wv", (d, kv_out), "linear"),
+        ("wo", (q_out, d), "linear"), ("mlp_norm", (d,), "norm"),
+        ("w_gate", (d, c.intermediate_size), "linear"), ("w_up", (d, c.intermediate_size), "linear"),
+        ("w_down", (c.intermediate_size, d), "linear")]
+    if c.qkv_bias:
+        layer += [("bq", (q_out,), "bias"), ("bk", (kv_out,), "bias"), ("bv", (kv_out,), "bias")]
+    if c.qk_norm:
+        layer += [("q_norm", (hd,), "norm"), ("k_norm", (hd,), "norm")]
+    if c.sandwich_norms:
+        layer += [("post_attn_norm", (d,), "norm"), ("post_mlp_norm", (d,), "norm")]
     specs: list[tuple[tuple, tuple[int, ...], str]] = [(("embed",), (c.vocab_size, d), "embed")]
     for i in range(c.num_layers):
-        for name, shape, kind in (
-                ("attn_norm", (d,), "norm"), ("wq", (d, c.num_heads * hd), "linear"),
-                ("wk", (d, c.num_kv_heads * hd), "linear"), ("wv", (d, c.num_kv_heads * hd), "linear"),
-                ("wo", (c.num_heads * hd, d), "linear"), ("mlp_norm", (d,), "norm"),
-                ("w_gate", (d, c.intermediate_size), "linear"), ("w_up", (d, c.intermediate_size), "linear"),
-                ("w_down", (c.intermediate_size, d), "linear")):
-            specs.append((("layers", i, name), shape, kind))
+        specs += [(("layers", i, name), shape, kind) for name, shape, kind in layer]
     specs.append((("final_norm",), (d,), "norm"))
     if not c.tie_word_embeddings:
         specs.append((("lm_head",), (d, c.vocab_size), "linear"))
@@ -202,7 +254,7 @@ def _param_specs(c: LlamaConfig) -> list[tuple[tuple, tuple[int, ...], str]]:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "dtype"))
-def _init_params_jit(seed: jax.Array, *, config: LlamaConfig, dtype: Any) -> Params:
+def _init_params_jit(seed: jax.Array, *, config: ModelConfig, dtype: Any) -> Params:
     specs = _param_specs(config)
     sizes = [math.prod(shape) for _, shape, _ in specs]
     # One normal draw for all parameters, then sliced: a single RNG computation compiles far
@@ -215,7 +267,10 @@ def _init_params_jit(seed: jax.Array, *, config: LlamaConfig, dtype: Any) -> Par
         if kind == "linear":
             z = z / math.sqrt(shape[0])
         elif kind == "norm":
-            z = 1.0 + 0.1 * z
+            # Gemma's norms scale by (1 + w): both forms then scale by about 1.
+            z = 0.1 * z if config.unit_offset_norm else 1.0 + 0.1 * z
+        elif kind == "bias":
+            z = 0.1 * z
         node = params
         for p in path[:-1]:
             node = node[p]
@@ -229,105 +284,26 @@ def cast_params(params: Params, dtype: Any) -> Params:
 
 
 # --------------------------------------------------------------------------------------------
-# Hugging Face checkpoint loader
-# --------------------------------------------------------------------------------------------
-
-
-def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """All tensors of one ``.safetensors`` file as numpy arrays (bf16 via ``ml_dtypes``)."""
-    from safetensors.numpy import load_file
-
-    try:
-        return load_file(path)
-    except (TypeError, ValueError):
-        pass
-    # Older safetensors releases cannot return bf16 through numpy: parse the (simple) format
-    # ourselves: u64 header length, JSON header {name: {dtype, shape, data_offsets}}, raw data.
-    import ml_dtypes
-
-    dtypes = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
-              "I64": np.int64, "I32": np.int32, "I8": np.int8, "U8": np.uint8}
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = info["data_offsets"]
-        out[name] = np.frombuffer(data[lo:hi], dtype=dtypes[info["dtype"]]).reshape(info["shape"])
-    return out
-
-
-def load_hf_checkpoint(directory: str, dtype: Any = jnp.float32) -> tuple[LlamaConfig, Params]:
-    """Load a Hugging Face Llama-family checkpoint directory.
-
-    Reads ``config.json`` and every ``*.safetensors`` file (sharded checkpoints work: the shards
-    are merged by name). Maps ``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,v,o}_proj``,
-    ``model.layers.N.mlp.{gate,up,down}_proj``, ``input_layernorm``, ``post_attention_layernorm``,
-    ``model.norm`` and ``lm_head`` (absent, or ignored, when ``tie_word_embeddings``). PyTorch
-    ``[out, in]`` linear weights are transposed to our ``[in, out]``. No q/k permutation is needed
-    because our RoPE is the rotate_half form HF checkpoints are stored for.
-
-    Returns ``(config, params)`` with params cast to ``dtype``.
-    """
-    with open(os.path.join(directory, "config.json")) as f:
-        config = LlamaConfig.from_hf_config(json.load(f))
-    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {directory}")
-    tensors: dict[str, np.ndarray] = {}
-    for path in files:
-        for name, arr in _read_safetensors(path).items():
-            tensors[name.removeprefix("model.")] = arr
-
-    def get(name: str, transpose: bool = False) -> jax.Array:
-        if name not in tensors:
-            raise KeyError(f"checkpoint lacks {name!r}")
-        a = tensors[name]
-        if transpose:
-            a = a.T
-        # Convert on the host in float32 first: ml_dtypes bf16 -> jnp float32/bf16 is exact.
-        return jnp.asarray(np.ascontiguousarray(a).astype(np.float32)).astype(dtype)
-
-    layers = []
-    for i in range(config.num_layers):
-        p = f"layers.{i}."
-        layers.append({
-            "attn_norm": get(p + "input_layernorm.weight"),
-            "wq": get(p + "self_attn.q_proj.weight", True),
-            "wk": get(p + "self_attn.k_proj.weight", True),
-            "wv": get(p + "self_attn.v_proj.weight", True),
-            "wo": get(p + "self_attn.o_proj.weight", True),
-            "mlp_norm": get(p + "post_attention_layernorm.weight"),
-            "w_gate": get(p + "mlp.gate_proj.weight", True),
-            "w_up": get(p + "mlp.up_proj.weight", True),
-            "w_down": get(p + "mlp.down_proj.weight", True),
-        })
-    params: Params = {"embed": get("embed_tokens.weight"), "layers": layers, "final_norm": get("norm.weight")}
-    if not config.tie_word_embeddings:
-        if "lm_head.weight" not in tensors:
-            # Some exports omit lm_head while forgetting to set the flag: that means tied.
-            config = dataclasses.replace(config, tie_word_embeddings=True)
-        else:
-            params["lm_head"] = get("lm_head.weight", True)
-    return config, params
-
-
-# --------------------------------------------------------------------------------------------
 # Layer math (shared by every forward path)
 # --------------------------------------------------------------------------------------------
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm over the last axis, computed in float32 and cast back (as HF does)."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, unit_offset: bool = False) -> jax.Array:
+    """RMSNorm over the last axis, as HF computes it: normalised in float32, then scaled by
+    ``weight`` in ``x``'s dtype (Llama), or by ``1 + weight`` in float32 and cast back
+    (``unit_offset``, Gemma)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if unit_offset:
+        return (y * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
     return weight * y.astype(x.dtype)
 
 
-def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
+def _norm(x: jax.Array, weight: jax.Array, config: ModelConfig) -> jax.Array:
+    return rms_norm(x, weight, config.rms_norm_eps, config.unit_offset_norm)
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     """Inverse frequencies ``[head_dim // 2]`` float32, with HF's ``llama3``/``linear`` scaling."""
     hd = config.head_dim
     inv = 1.0 / (config.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
@@ -364,36 +340,80 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
     return (x32 * jnp.cos(emb) + rotate_half(x32) * jnp.sin(emb)).astype(x.dtype)
 
 
-def _qkv(layer: Params, h: jax.Array, config: LlamaConfig, positions: jax.Array, inv_freq: np.ndarray):
-    """Projections + RoPE. ``h [..., hidden]`` -> q ``[..., H, hd]``, k/v ``[..., KVH, hd]``."""
+def _embed(params: Params, tokens: jax.Array, config: ModelConfig) -> jax.Array:
+    x = params["embed"][tokens]
+    if config.embed_scale is not None:
+        x = x * jnp.asarray(config.embed_scale, x.dtype)
+    return x
+
+
+def _qkv(layer: Params, x: jax.Array, config: ModelConfig, positions: jax.Array, inv_freq: np.ndarray):
+    """Pre-attention norm, projections (+ biases, + per-head q/k norms) and RoPE.
+    ``x [..., hidden]`` (the residual stream) -> q ``[..., H, hd]``, k/v ``[..., KVH, hd]``."""
+    h = _norm(x, layer["attn_norm"], config)
     lead = h.shape[:-1]
-    q = (h @ layer["wq"]).reshape(*lead, config.num_heads, config.head_dim)
-    k = (h @ layer["wk"]).reshape(*lead, config.num_kv_heads, config.head_dim)
-    v = (h @ layer["wv"]).reshape(*lead, config.num_kv_heads, config.head_dim)
+    q, k, v = h @ layer["wq"], h @ layer["wk"], h @ layer["wv"]
+    if config.qkv_bias:
+        q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+    q = q.reshape(*lead, config.num_heads, config.head_dim)
+    k = k.reshape(*lead, config.num_kv_heads, config.head_dim)
+    v = v.reshape(*lead, config.num_kv_heads, config.head_dim)
+    if config.qk_norm:
+        q, k = _norm(q, layer["q_norm"], config), _norm(k, layer["k_norm"], config)
     return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
 
-def _mlp(layer: Params, x: jax.Array, eps: float) -> jax.Array:
-    h = rms_norm(x, layer["mlp_norm"], eps)
-    return (jax.nn.silu(h @ layer["w_gate"]) * (h @ layer["w_up"])) @ layer["w_down"]
+def _attn_residual(layer: Params, x: jax.Array, o: jax.Array, config: ModelConfig) -> jax.Array:
+    """``x`` plus the attention output ``o [..., H * hd]`` through o_proj (and its norm)."""
+    y = o.astype(x.dtype) @ layer["wo"]
+    if config.sandwich_norms:
+        y = _norm(y, layer["post_attn_norm"], config)
+    return x + y
 
 
-def _lm_head(params: Params, x: jax.Array, config: LlamaConfig) -> jax.Array:
-    """Final norm + LM head; logits in float32."""
-    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+def _mlp_residual(layer: Params, x: jax.Array, config: ModelConfig) -> jax.Array:
+    """``x`` plus the gated MLP of its norm (SwiGLU, or GeGLU with the tanh GELU)."""
+    h = _norm(x, layer["mlp_norm"], config)
+    gate = h @ layer["w_gate"]
+    act = jax.nn.silu(gate) if config.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
+    y = (act * (h @ layer["w_up"])) @ layer["w_down"]
+    if config.sandwich_norms:
+        y = _norm(y, layer["post_mlp_norm"], config)
+    return x + y
+
+
+def _lm_head(params: Params, x: jax.Array, config: ModelConfig) -> jax.Array:
+    """Final norm + LM head (+ final soft cap); logits in float32."""
+    x = _norm(x, params["final_norm"], config)
     w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    return (x @ w).astype(jnp.float32)
+    logits = (x @ w).astype(jnp.float32)
+    if config.final_soft_cap:
+        logits = config.final_soft_cap * jnp.tanh(logits / config.final_soft_cap)
+    return logits
 
 
-def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Plain GQA attention in float32.
+def _attend_mask(q_pos: jax.Array, k_pos: jax.Array, window: Optional[int]) -> jax.Array:
+    """bool ``[..., Tq, Tk]``: causal, and within the last ``window`` tokens when given (the
+    query's own token included, as ``paged_attention(sliding_window=)`` and HF count)."""
+    q, k = q_pos[..., :, None], k_pos[..., None, :]
+    mask = k <= q
+    if window is not None:
+        mask &= k > q - window
+    return mask
+
+
+def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                     config: ModelConfig) -> jax.Array:
+    """Plain GQA attention in float32, with the config's scale and soft cap.
 
     ``q [B, Tq, H, hd]``, ``k/v [B, Tk, KVH, hd]``, ``mask bool [B, Tq, Tk]`` -> ``[B, Tq, H, hd]``.
     """
     b, tq, nh, hd = q.shape
     nkv = k.shape[2]
     qg = q.reshape(b, tq, nkv, nh // nkv, hd).astype(jnp.float32)
-    logits = jnp.einsum("bqkgd,btkd->bkgqt", qg, k.astype(jnp.float32)) * (hd ** -0.5)
+    logits = jnp.einsum("bqkgd,btkd->bkgqt", qg, k.astype(jnp.float32)) * config.attn_scale
+    if config.attn_soft_cap:
+        logits = config.attn_soft_cap * jnp.tanh(logits / config.attn_soft_cap)
     logits = jnp.where(mask[:, None, None], logits, -jnp.inf)
     p = jax.nn.softmax(logits, axis=-1)
     p = jnp.where(mask[:, None, None], p, 0.0)  # fully-masked (padding) rows give 0, not NaN
@@ -406,19 +426,18 @@ def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
 # --------------------------------------------------------------------------------------------
 
 
-def forward(params: Params, config: LlamaConfig, tokens: jax.Array) -> jax.Array:
+def forward(params: Params, config: ModelConfig, tokens: jax.Array) -> jax.Array:
     """Dense causal forward. ``tokens int32 [B, T]`` -> logits ``float32 [B, T, vocab]``."""
-    _, t = tokens.shape
+    b, t = tokens.shape
     inv_freq = rope_inv_freq(config)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens.shape)
-    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (tokens.shape[0], t, t))
-    x = params["embed"][tokens]
-    for layer in params["layers"]:
-        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-        q, k, v = _qkv(layer, h, config, positions, inv_freq)
-        o = _dense_attention(q, k, v, mask)
-        x = x + o.reshape(*o.shape[:2], -1) @ layer["wo"]
-        x = x + _mlp(layer, x, config.rms_norm_eps)
+    x = _embed(params, tokens, config)
+    for i, layer in enumerate(params["layers"]):
+        q, k, v = _qkv(layer, x, config, positions, inv_freq)
+        mask = _attend_mask(positions, positions, config.layer_window(i))
+        o = _dense_attention(q, k, v, mask, config)
+        x = _attn_residual(layer, x, o.reshape(b, t, -1), config)
+        x = _mlp_residual(layer, x, config)
     return _lm_head(params, x, config)
 
 
@@ -432,10 +451,11 @@ TP_AXIS = "tp"
 # Where each layer weight is split: q/k/v and gate/up on their output columns (so each device
 # holds whole heads / a slice of the intermediate axis), o_proj and down_proj on their input rows
 # (so each device's partial product is summed by one all-reduce). Norms stay replicated.
-_LAYER_SPLIT = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "w_gate": 1, "w_up": 1, "w_down": 0}
+_LAYER_SPLIT = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "w_gate": 1, "w_up": 1, "w_down": 0,
+                "bq": 0, "bk": 0, "bv": 0}
 
 
-def check_tensor_parallel(config: LlamaConfig, tp: int) -> None:
+def check_tensor_parallel(config: ModelConfig, tp: int) -> None:
     """Raise ``ValueError`` unless heads, KV heads and the intermediate size split evenly over
     ``tp`` devices (a KV head, like a query head, lives whole on one device)."""
     if tp < 1:
@@ -449,15 +469,19 @@ def check_tensor_parallel(config: LlamaConfig, tp: int) -> None:
                          f"{'is' if len(uneven) == 1 else 'are'} not")
 
 
-def param_partition_specs(config: LlamaConfig, axis: str = TP_AXIS) -> Params:
+def param_partition_specs(config: ModelConfig, axis: str = TP_AXIS) -> Params:
     """A pytree like the parameters' with the ``PartitionSpec`` of each leaf.
 
     Embedding, norms and LM head are replicated: they are small next to the layers at the
-    sizes this example runs, and a replicated LM head keeps the greedy argmax local.
+    sizes this example runs, and a replicated LM head keeps the greedy argmax local. q/k/v
+    biases split with their projections' output columns.
     """
-    layer = {name: P() for name in ("attn_norm", "mlp_norm")}
-    for name, dim in _LAYER_SPLIT.items():
-        layer[name] = P(None, axis) if dim == 1 else P(axis, None)
+    layer_names = [path[2] for path, _, _ in _param_specs(config) if path[:2] == ("layers", 0)]
+    layer = {}
+    for name in layer_names:
+        dim = _LAYER_SPLIT.get(name)
+        layer[name] = (P() if dim is None else P(axis) if name in ("bq", "bk", "bv") else
+                       P(None, axis) if dim == 1 else P(axis, None))
     specs: Params = {"embed": P(), "layers": [dict(layer) for _ in range(config.num_layers)],
                      "final_norm": P()}
     if not config.tie_word_embeddings:
@@ -465,7 +489,7 @@ def param_partition_specs(config: LlamaConfig, axis: str = TP_AXIS) -> Params:
     return specs
 
 
-def shard_params(params: Params, config: LlamaConfig, mesh: Mesh, axis: str = TP_AXIS) -> Params:
+def shard_params(params: Params, config: ModelConfig, mesh: Mesh, axis: str = TP_AXIS) -> Params:
     """``params`` placed on ``mesh`` for tensor parallelism over ``axis`` (new arrays; the
     input is left as it is). Raises ``ValueError`` for sizes that do not split evenly."""
     check_tensor_parallel(config, mesh.shape[axis])
@@ -527,7 +551,7 @@ def prefill_paged(
     prompt_lens: jax.Array,
     slot_mapping: jax.Array,
     *,
-    config: LlamaConfig,
+    config: ModelConfig,
     tensor_parallel: bool = False,
     kv_scales: KVScales = None,
 ) -> tuple[jax.Array, KVCaches]:
@@ -552,24 +576,25 @@ def prefill_paged(
     inv_freq = rope_inv_freq(config)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (r, t))
     valid = positions < prompt_lens[:, None]
-    # Causal, and padded keys never attended (padded queries are discarded anyway).
-    mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+    # Causal (and windowed on window layers); padded keys never attended (padded queries are
+    # discarded anyway).
+    masks = {w: _attend_mask(positions, positions, w) & valid[:, None, :]
+             for w in {config.layer_window(i) for i in range(config.num_layers)}}
     flat_slots = slot_mapping.reshape(r * t)
     ops = paged_ops(tensor_parallel)
-    x = params["embed"][tokens]
+    x = _embed(params, tokens, config)
     new_caches = []
     for i, (layer, (key_cache, value_cache)) in enumerate(zip(params["layers"], kv_caches)):
-        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-        q, k, v = _qkv(layer, h, config, positions, inv_freq)
+        q, k, v = _qkv(layer, x, config, positions, inv_freq)
         # All prompt tokens of all rows in one cache write per layer.
         key_cache, value_cache = ops.reshape_and_cache(
             _cache_input(k.reshape(r * t, config.num_kv_heads, config.head_dim), key_cache),
             _cache_input(v.reshape(r * t, config.num_kv_heads, config.head_dim), value_cache),
             key_cache, value_cache, flat_slots, **_scale_kwargs(kv_scales, i))
         new_caches.append((key_cache, value_cache))
-        o = _dense_attention(q, k, v, mask)
-        x = x + o.reshape(r, t, -1) @ layer["wo"]
-        x = x + _mlp(layer, x, config.rms_norm_eps)
+        o = _dense_attention(q, k, v, masks[config.layer_window(i)], config)
+        x = _attn_residual(layer, x, o.reshape(r, t, -1), config)
+        x = _mlp_residual(layer, x, config)
     last = jnp.clip(prompt_lens - 1, 0, t - 1)
     x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
     return _lm_head(params, x_last, config), new_caches
@@ -584,7 +609,7 @@ def decode_step_paged(
     slot_mapping: jax.Array,
     seq_lens: jax.Array,
     *,
-    config: LlamaConfig,
+    config: ModelConfig,
     attn_impl: str = "auto",
     partition_size: int = 512,
     tensor_parallel: bool = False,
@@ -608,11 +633,10 @@ def decode_step_paged(
     b = tokens.shape[0]
     inv_freq = rope_inv_freq(config)
     ops = paged_ops(tensor_parallel)
-    x = params["embed"][tokens]  # [B, D]
+    x = _embed(params, tokens, config)  # [B, D]
     new_caches = []
     for i, (layer, (key_cache, value_cache)) in enumerate(zip(params["layers"], kv_caches)):
-        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-        q, k, v = _qkv(layer, h, config, positions, inv_freq)
+        q, k, v = _qkv(layer, x, config, positions, inv_freq)
         scales = _scale_kwargs(kv_scales, i)
         # Write first, then attend: the new token attends to itself through the cache.
         key_cache, value_cache = ops.reshape_and_cache(
@@ -620,12 +644,28 @@ def decode_step_paged(
             slot_mapping, **scales)
         o = ops.paged_attention(
             _cache_input(q, key_cache), key_cache, value_cache, block_tables, seq_lens,
-            scale=config.head_dim ** -0.5, impl=attn_impl, partition_size=partition_size,
-            **scales)
+            scale=config.attn_scale, soft_cap=config.attn_soft_cap,
+            sliding_window=config.layer_window(i), impl=attn_impl,
+            partition_size=partition_size, **scales)
         new_caches.append((key_cache, value_cache))
-        x = x + o.reshape(b, -1).astype(x.dtype) @ layer["wo"]
-        x = x + _mlp(layer, x, config.rms_norm_eps)
+        x = _attn_residual(layer, x, o.reshape(b, -1), config)
+        x = _mlp_residual(layer, x, config)
     return _lm_head(params, x, config), new_caches
+
+
+EosIds = Union[None, int, Sequence[int]]
+
+
+def eos_id_array(eos_id: EosIds, size: Optional[int] = None) -> np.ndarray:
+    """int32 ``[size]`` of the stop ids ``eos_id`` (one id, several, or None), padded with -1
+    (which no token equals); ``size`` defaults to ``max(1, number of ids)``."""
+    ids = [] if eos_id is None else [int(eos_id)] if np.ndim(eos_id) == 0 else [int(e) for e in eos_id]
+    size = max(1, len(ids)) if size is None else size
+    if len(ids) > size:
+        raise ValueError(f"eos_id: at most {size} stop ids, got {len(ids)}: {ids}")
+    out = np.full(size, -1, np.int32)
+    out[: len(ids)] = ids
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -633,22 +673,22 @@ def decode_step_paged(
 # --------------------------------------------------------------------------------------------
 
 
-def _dense_cache_step(params: Params, config: LlamaConfig, k_all: jax.Array, v_all: jax.Array,
+def _dense_cache_step(params: Params, config: ModelConfig, k_all: jax.Array, v_all: jax.Array,
                       token: jax.Array, pos: jax.Array, inv_freq: np.ndarray, read_kv=None):
     """One token through a contiguous cache. ``k_all/v_all [L, max_len, KVH, hd]``;
     ``read_kv(layer, k, v)`` (default: as stored) gives the K/V the token attends."""
     max_len = k_all.shape[1]
-    x = params["embed"][token][None, None]  # [1, 1, D]
-    mask = (jnp.arange(max_len) <= pos)[None, None, :]  # [1, 1, max_len]
+    x = _embed(params, token, config)[None, None]  # [1, 1, D]
     for i, layer in enumerate(params["layers"]):
-        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-        q, k, v = _qkv(layer, h, config, pos[None, None], inv_freq)
+        q, k, v = _qkv(layer, x, config, pos[None, None], inv_freq)
+        mask = _attend_mask(pos[None, None], jnp.arange(max_len)[None], config.layer_window(i))
         k_all = k_all.at[i, pos].set(k[0, 0].astype(k_all.dtype))
         v_all = v_all.at[i, pos].set(v[0, 0].astype(v_all.dtype))
         k_read, v_read = (k_all[i], v_all[i]) if read_kv is None else read_kv(i, k_all[i], v_all[i])
-        o = _dense_attention(q, k_read[None].astype(q.dtype), v_read[None].astype(q.dtype), mask)
-        x = x + o.reshape(1, 1, -1) @ layer["wo"]
-        x = x + _mlp(layer, x, config.rms_norm_eps)
+        o = _dense_attention(q, k_read[None].astype(q.dtype), v_read[None].astype(q.dtype), mask,
+                             config)
+        x = _attn_residual(layer, x, o.reshape(1, 1, -1), config)
+        x = _mlp_residual(layer, x, config)
     return _lm_head(params, x[0, 0], config), k_all, v_all
 
 
@@ -683,7 +723,7 @@ def _generate_dense_impl(params, prompt, prompt_len, max_new_tokens, eos_id, kv_
         token = jnp.where(in_prompt, prompt[jnp.minimum(pos + 1, max_len - 1)], nxt)
         out = jnp.where(in_prompt, out, out.at[n_out].set(nxt))
         n_out = jnp.where(in_prompt, n_out, n_out + 1)
-        done = ~in_prompt & ((n_out >= max_new_tokens) | (nxt == eos_id))
+        done = ~in_prompt & ((n_out >= max_new_tokens) | jnp.any(nxt == eos_id))
         return pos + 1, token, k_all, v_all, out, n_out, done
 
     init = (jnp.int32(0), prompt[0], jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), out,
@@ -698,10 +738,10 @@ _generate_dense_jit = jax.jit(_generate_dense_impl,
 
 def generate_dense(
     params: Params,
-    config: LlamaConfig,
+    config: ModelConfig,
     prompt: Sequence[int],
     max_new_tokens: int,
-    eos_id: Optional[int] = None,
+    eos_id: EosIds = None,
     max_len: Optional[int] = None,
     *,
     cache_dtype: Any = None,
@@ -711,7 +751,7 @@ def generate_dense(
 
     Feeds the prompt one token at a time through a ``[num_layers, max_len, num_kv_heads,
     head_dim]`` cache with plain masked attention, then generates up to ``max_new_tokens``
-    tokens, stopping after (and including) ``eos_id``. ``max_len`` (default: prompt + new tokens
+    tokens, stopping after (and including) ``eos_id`` (one id, several, or None). ``max_len`` (default: prompt + new tokens
     rounded up to a power of two, to share compilations) bounds the cache.
 
     ``cache_dtype`` float8_e4m3fn / float8_e5m2 (with ``kv_scales``, one ``(k_scale,
@@ -735,7 +775,7 @@ def generate_dense(
     if cache_dtype is not None and not is_fp8(cache_dtype):
         cache_dtype = None  # a 16- or 32-bit cache: the model's own values
     out, n = _generate_dense_jit(params, jnp.asarray(padded), jnp.int32(len(prompt)),
-                                 jnp.int32(max_new_tokens), jnp.int32(-1 if eos_id is None else eos_id),
+                                 jnp.int32(max_new_tokens), jnp.asarray(eos_id_array(eos_id)),
                                  kv_scales, config=config, max_len=max_len,
                                  cache_dtype=None if cache_dtype is None else jnp.dtype(cache_dtype).name)
     return [int(t) for t in np.asarray(out)[: int(n)]]

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from jax_paged.cache import allocate_kv_cache
+from jax_paged.serving.loader import CheckpointError, load_hf_checkpoint
 from jax_paged.serving.model import (
     LlamaConfig, apply_rope, decode_step_paged, forward, generate_dense, init_params,
-    load_hf_checkpoint, prefill_paged, rope_inv_freq,
+    prefill_paged, rope_inv_freq,
 )
 
 TINY = LlamaConfig.preset("tiny")
@@ -115,6 +116,7 @@ def _hf_permute(w, n_heads):
 
 
 def _write_checkpoint(directory, cfg, w, dtype, shards=2):
+    import ml_dtypes
     from safetensors.numpy import save_file
 
     hf = {"model.embed_tokens.weight": w["tok_embeddings"], "model.norm.weight": w["norm"]}
@@ -134,9 +136,14 @@ def _write_checkpoint(directory, cfg, w, dtype, shards=2):
                 a = _hf_permute(a, cfg["num_key_value_heads"])
             hf[f"model.layers.{i}.{hfname}.weight"] = a
     keys = sorted(hf)
+    weight_map = {}
     for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         part = {k: np.ascontiguousarray(hf[k].astype(dtype)) for k in keys[s::shards]}
-        save_file(part, str(directory / f"model-{s + 1:05d}-of-{shards:05d}.safetensors"))
+        save_file(part, str(directory / name))
+        weight_map.update({k: name for k in part})
+    with open(directory / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
     with open(directory / "config.json", "w") as f:
         json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
                    **{k: v for k, v in cfg.items() if k != "head_dim"}}, f)
@@ -176,11 +183,11 @@ def test_load_hf_checkpoint_matches_meta_reference(tmp_path, tied, dtype):
 
 def test_load_hf_checkpoint_missing_tensor(tmp_path):
     from safetensors.numpy import save_file
-    save_file({"model.embed_tokens.weight": np.zeros((4, 8), np.float32)}, str(tmp_path / "m.safetensors"))
+    save_file({"model.embed_tokens.weight": np.zeros((4, 8), np.float32)}, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps({
-        "vocab_size": 4, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
-        "num_attention_heads": 2}))
-    with pytest.raises(KeyError, match="input_layernorm"):
+        "model_type": "llama", "vocab_size": 4, "hidden_size": 8, "intermediate_size": 8,
+        "num_hidden_layers": 1, "num_attention_heads": 2}))
+    with pytest.raises(CheckpointError, match="missing: model.layers.0.input_layernorm.weight"):
         load_hf_checkpoint(str(tmp_path))
 
 

@@ -137,15 +137,15 @@ def write_tokenizer(directory: str) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    words = ("the a of to and in is was for on that with as it by at be this from or are an "
+    words = ("hello capital france paris sea poem "
+             "the a of to and in is was for on that with as it by at be this from or are an "
              "which one you had not but all were we when there can more if no out so said what "
              "up its about into than them only other new some could time these two may then do "
              "first any my now such like our over man me even most made after also did many "
              "before must through back years where much your way well down should because each "
              "just those people how too little state good very make world still own see men work "
              "long get here between both life being under never day same another know while last "
-             "might us great old year off come since against go came right used take three "
-             "hello capital france paris sea poem").split()
+             "might us great old year off come since against go came right used take three").split()
     special = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>", "<unk>", "."]
     vocab = {t: i for i, t in enumerate(special)}
     for w in words:

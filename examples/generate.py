@@ -13,6 +13,7 @@ Examples::
     python examples/generate.py --model llama3-8b --layers 4 --dtype bfloat16 \\
         --max-batch 64 --num-requests 256 --max-seq-len 1024 --num-blocks 4096 --skip-dense-check
     python examples/generate.py --checkpoint ~/Llama-3.2-1B --prompt "The capital of France is"
+    python examples/generate.py --checkpoint ~/Qwen2.5-0.5B-Instruct --chat --prompt "Hi!"
     python examples/generate.py --model small --tp 2                # tensor parallel, 2 GPUs
     python examples/generate.py --kv-cache-dtype float8_e4m3fn   # fp8 KV cache: half the bytes
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python examples/generate.py --tp 2  # on CPU
@@ -37,9 +38,9 @@ import jax_paged
 from jax_paged.cache import kv_cache_bytes
 from jax_paged.serving.engine import Engine, EngineConfig
 from jax_paged.primitives import CUDA_HEAD_SIZES
+from jax_paged.serving.loader import CheckpointError, load_checkpoint
 from jax_paged.serving.model import (
-    PRESETS, TP_AXIS, LlamaConfig, check_tensor_parallel, generate_dense, init_params,
-    load_hf_checkpoint,
+    PRESETS, TP_AXIS, ModelConfig, check_tensor_parallel, generate_dense, init_params,
 )
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -60,22 +61,29 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="random-weight model shapes: tiny (default, CPU), small, llama3.2-1b, llama3-8b")
     m.add_argument("--layers", type=int, default=None, help="override the preset's number of layers")
     m.add_argument("--checkpoint", metavar="DIR", default=None,
-                   help="Hugging Face Llama-family directory (config.json + *.safetensors); "
-                        "with tokenizer.json and the `tokenizers` package, prompts are text")
+                   help="Hugging Face checkpoint directory (Llama 2/3.x, Mistral, Qwen2/2.5, "
+                        "Qwen3, Gemma 2: config.json + safetensors); with tokenizer.json and "
+                        "the `tokenizers` package, prompts are text")
     m.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights, activations and KV cache")
     m.add_argument("--seed", type=int, default=0, help="weights and random prompts")
     r = p.add_argument_group("requests")
-    r.add_argument("--num-requests", type=int, default=24)
+    r.add_argument("--num-requests", type=int, default=None,
+                   help="requests to serve (default: 24 random prompts, or one per given prompt; "
+                        "given prompts are repeated to fill a larger count)")
     r.add_argument("--prompt-len", type=int, nargs=2, default=[4, 48], metavar=("MIN", "MAX"),
                    help="random prompt lengths (token-id mode)")
     r.add_argument("--max-new-tokens", type=int, nargs=2, default=[8, 64], metavar=("MIN", "MAX"),
-                   help="random per-request budgets")
+                   help="random per-request budgets (given prompts: MAX each)")
     r.add_argument("--prompt", action="append", default=None,
                    help="text prompt (repeatable; needs --checkpoint with tokenizer.json)")
+    r.add_argument("--chat", action="store_true",
+                   help="wrap each text prompt as a user message in the checkpoint's chat "
+                        "template (chat_template.jinja or tokenizer_config.json; needs jinja2)")
     r.add_argument("--prompt-ids", action="append", default=None,
                    help="a prompt as comma-separated token ids (repeatable)")
-    r.add_argument("--eos-id", type=int, default=None,
-                   help="stop token (default: the checkpoint's eos_token_id, none for random models)")
+    r.add_argument("--eos-id", type=int, action="append", default=None,
+                   help="stop token, repeatable (default: every eos_token_id of the checkpoint's "
+                        "generation_config.json, none for random models)")
     e = p.add_argument_group("engine")
     e.add_argument("--attn-impl", choices=["auto", "reference"], default="auto",
                    help="paged attention: native kernels (CUDA on GPU) or the jnp reference")
@@ -104,7 +112,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="do not compare with the dense-cache implementation")
     o.add_argument("--no-warmup", action="store_true",
                    help="time the first run (includes compilation) instead of a second one")
-    o.add_argument("--show", type=int, default=3, help="print the outputs of this many requests")
+    o.add_argument("--show", type=int, default=None,
+                   help="print the outputs of this many requests (default: every given prompt, "
+                        "else 3)")
     o.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON here")
     return p.parse_args(argv)
 
@@ -139,50 +149,112 @@ class _Progress:
 
 
 def load_model(args):
+    """(config, params, tokenizer or None, EOS ids, name)."""
     dtype = DTYPES[args.dtype]
-    tokenizer, eos = None, args.eos_id
+    tokenizer, eos = None, tuple(args.eos_id or ())
     if args.checkpoint:
-        config, params = load_hf_checkpoint(args.checkpoint, dtype)
-        with open(os.path.join(args.checkpoint, "config.json")) as f:
-            hf_eos = json.load(f).get("eos_token_id")
-        if eos is None and hf_eos is not None:
-            eos = hf_eos[0] if isinstance(hf_eos, list) else hf_eos  # the engine takes one EOS id
+        try:
+            ckpt = load_checkpoint(args.checkpoint, dtype)
+        except CheckpointError as e:
+            sys.exit(f"--checkpoint: {e}")
+        config, params = ckpt.config, ckpt.params
+        if not args.eos_id:
+            eos = ckpt.eos_token_ids
         tok_path = os.path.join(args.checkpoint, "tokenizer.json")
         if os.path.exists(tok_path):
             try:
                 from tokenizers import Tokenizer
                 tokenizer = Tokenizer.from_file(tok_path)
             except ImportError:
+                if args.prompt:
+                    sys.exit("--prompt: text needs the `tokenizers` package (pip install "
+                             "tokenizers) to read the checkpoint's tokenizer.json")
                 print("note: `tokenizers` not installed; using token ids", file=sys.stderr)
-        name = os.path.basename(os.path.normpath(args.checkpoint))
+        name = f"{os.path.basename(os.path.normpath(args.checkpoint))} ({config.family})"
     else:
-        config = LlamaConfig.preset(args.model, num_layers=args.layers)
+        config = ModelConfig.preset(args.model, num_layers=args.layers)
         params = init_params(config, args.seed, dtype)
         name = f"{args.model} (random weights, seed {args.seed})"
     return config, params, tokenizer, eos, name
+
+
+def _special_token(value):
+    """A tokenizer_config.json special token: a string or {"content": ...}."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def chat_prompt(directory: str, text: str) -> str:
+    """``text`` as one user message in the checkpoint's chat template, with the assistant's
+    turn opened, rendered with jinja2 as transformers' ``apply_chat_template`` does."""
+    tok_cfg = {}
+    cfg_path = os.path.join(directory, "tokenizer_config.json")
+    if os.path.exists(cfg_path):
+        with open(cfg_path) as f:
+            tok_cfg = json.load(f)
+    template = None
+    jinja_path = os.path.join(directory, "chat_template.jinja")
+    if os.path.exists(jinja_path):
+        with open(jinja_path) as f:
+            template = f.read()
+    elif isinstance(tok_cfg.get("chat_template"), str):
+        template = tok_cfg["chat_template"]
+    elif isinstance(tok_cfg.get("chat_template"), list):  # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in tok_cfg["chat_template"]}
+        template = named.get("default")
+    if not template:
+        sys.exit(f"--chat: {directory} has no chat template (chat_template.jinja, or "
+                 f"chat_template in tokenizer_config.json)")
+    try:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        sys.exit("--chat needs the `jinja2` package (pip install jinja2) to render the "
+                 "checkpoint's chat template")
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent,
+                                                                    ensure_ascii=False)
+    return env.from_string(template).render(
+        messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+        bos_token=_special_token(tok_cfg.get("bos_token")) or "",
+        eos_token=_special_token(tok_cfg.get("eos_token")) or "")
 
 
 def make_requests(args, config, tokenizer, eos):
     rng = np.random.default_rng(args.seed + 1)
     lo_new, hi_new = args.max_new_tokens
     prompts: list[list[int]] = []
+    if args.chat and not (args.checkpoint and tokenizer is not None):
+        sys.exit("--chat needs --checkpoint DIR with tokenizer.json and the `tokenizers` package")
     if args.prompt_ids:
         prompts = [[int(t) for t in s.replace(",", " ").split()] for s in args.prompt_ids]
     elif tokenizer is not None:
         texts = args.prompt or DEFAULT_TEXT_PROMPTS
-        prompts = [tokenizer.encode(t).ids for t in texts]
+        if args.chat:
+            # The template writes the special tokens (BOS included) itself.
+            prompts = [tokenizer.encode(chat_prompt(args.checkpoint, t), add_special_tokens=False).ids
+                       for t in texts]
+        else:
+            prompts = [tokenizer.encode(t).ids for t in texts]
     elif args.prompt:
         sys.exit("--prompt needs --checkpoint DIR with tokenizer.json and the `tokenizers` package")
     if prompts:
-        # Given prompts are repeated to fill the request count, each with its own budget.
-        prompts = [prompts[i % len(prompts)] for i in range(max(args.num_requests, len(prompts)))]
+        # Given prompts are repeated to fill the request count, each with the MAX budget.
+        count = max(args.num_requests or 0, len(prompts))
+        prompts = [prompts[i % len(prompts)] for i in range(count)]
+        budgets = [hi_new] * count
     else:
         lo, hi = args.prompt_len
         prompts = [[int(t) for t in rng.integers(0, config.vocab_size, int(rng.integers(lo, hi + 1)))]
-                   for _ in range(args.num_requests)]
+                   for _ in range(args.num_requests or 24)]
+        budgets = [int(rng.integers(lo_new, hi_new + 1)) for _ in prompts]
     reqs = []
-    for p in prompts:
-        n = int(rng.integers(lo_new, hi_new + 1))
+    for p, n in zip(prompts, budgets):
         n = min(n, args.max_seq_len - len(p))
         if n < 1:
             sys.exit(f"a prompt of {len(p)} tokens does not fit --max-seq-len {args.max_seq_len}")
@@ -190,7 +262,7 @@ def make_requests(args, config, tokenizer, eos):
     return reqs
 
 
-def make_mesh(config: LlamaConfig, tp: int) -> Mesh | None:
+def make_mesh(config: ModelConfig, tp: int) -> Mesh | None:
     """A 1-D mesh of ``tp`` devices on axis "tp", or None for a single-device run."""
     if tp == 1:
         return None  # the plain ops, unsharded
@@ -246,7 +318,7 @@ def main(argv=None) -> int:
         num_blocks=args.num_blocks or max(max_blocks, reservation * 3 // 4),
         max_steps_per_loop=args.steps_per_loop, attn_impl=args.attn_impl,
         prefill_min_rows=args.prefill_min_rows or (args.max_batch if backend == "cpu" else 1),
-        prefill_min_len=32)
+        prefill_min_len=32, max_eos_ids=max(4, len(eos)))
     kernels = ("jnp reference" if args.attn_impl == "reference" else
                f"jnp reference (no CUDA kernel for head_dim {config.head_dim})"
                if backend == "gpu" and config.head_dim not in CUDA_HEAD_SIZES else
@@ -265,7 +337,8 @@ def main(argv=None) -> int:
     print(f"engine: {ec.max_batch} slots, {ec.num_blocks} blocks x {bs} tokens ({cache_name}), "
           f"max_seq_len {ec.max_seq_len}; "
           f"{len(reqs)} requests, prompts {min(len(p) for p, _, _ in reqs)}-{max(len(p) for p, _, _ in reqs)} "
-          f"tokens, budgets {min(n for _, n, _ in reqs)}-{max(n for _, n, _ in reqs)}")
+          f"tokens, budgets {min(n for _, n, _ in reqs)}-{max(n for _, n, _ in reqs)}, "
+          f"EOS ids {list(eos) or 'none'}")
 
     if not args.no_warmup:
         t0 = time.perf_counter()
@@ -286,10 +359,13 @@ def main(argv=None) -> int:
     print(f"preemptions:       {st.preemptions} ({st.recomputed_tokens} tokens recomputed)")
     print(f"KV cache:          {kv_cache_bytes(engine.kv_caches) / 2**20:.2f} MiB ({cache_name})")
 
-    for i in range(min(args.show, len(reqs))):
+    given = len(args.prompt_ids or args.prompt or (DEFAULT_TEXT_PROMPTS if tokenizer else []))
+    for i in range(min(args.show if args.show is not None else given or 3, len(reqs))):
         prompt, out = reqs[i][0], outputs[i]
         if tokenizer is not None:
-            print(f"  [{i}] {tokenizer.decode(prompt)!r} -> {tokenizer.decode(out)!r}")
+            print(f"  [{i}] {tokenizer.decode(prompt)!r} -> "
+                  f"{tokenizer.decode(out, skip_special_tokens=True)!r}"
+                  f"{' (EOS)' if out and out[-1] in eos else ''}")
         else:
             print(f"  [{i}] {len(prompt)} prompt tokens -> {out[:12]}{' ...' if len(out) > 12 else ''}")
 

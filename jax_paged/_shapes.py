@@ -10,12 +10,20 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from . import _native
+
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 # KV-cache-only dtypes: dequantised on read (value * scale), quantised on write.
 FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
 CACHE_DTYPES = FLOAT_DTYPES + FP8_DTYPES
-SUPPORTED_BLOCK_SIZES = (8, 16, 32)
-MAX_HEAD_SIZE = 256
+# The kernels' size lists live in C++ (csrc/sizes.h); the native module exports them.
+SUPPORTED_BLOCK_SIZES = tuple(_native.cpu_module.block_sizes)
+MAX_HEAD_SIZE = int(_native.cpu_module.max_head_size)
+CUDA_HEAD_SIZES = tuple(_native.cpu_module.head_sizes)
+CUDA_FP8_HEAD_SIZES = tuple(_native.cpu_module.fp8_head_sizes)
+# Static integers reach the kernels as int32 (sizes, windows, partitions).
+INT32_LIMIT = 2 ** 31
+_F32 = np.finfo(np.float32)
 
 
 def x_for_dtype(dtype) -> int:
@@ -102,10 +110,13 @@ def check_caches(key_cache, value_cache, *, num_kv_heads: int | None = None,
         raise ValueError(f"key_cache has {kv_heads} KV heads (shape[1]) but the keys have "
                          f"{num_kv_heads}")
     if head_size is not None and cache_head_size != head_size:
-        hint = (f" (fp8 caches need head_size to be a multiple of {x})"
-                if is_fp8(key_cache.dtype) and head_size % x else "")
+        if is_fp8(key_cache.dtype) and head_size % x:
+            raise ValueError(f"head_size {head_size} is not a multiple of {x}: fp8 caches "
+                             f"({_name(key_cache.dtype)}) store keys in chunks of {x}, so they "
+                             f"need head_size % {x} == 0 (key_cache head size shape[2] * "
+                             f"shape[4] = {cache_head_size}); pad the heads")
         raise ValueError(f"key_cache head size (shape[2] * shape[4] = {cache_head_size}) "
-                         f"differs from head_size {head_size}{hint}")
+                         f"differs from head_size {head_size}")
     if kv_heads < 1:
         raise ValueError(f"key_cache must have at least one KV head, got {kv_heads}")
     return num_blocks, kv_heads, cache_head_size, block_size
@@ -115,6 +126,22 @@ def check_head_size(head_size: int) -> None:
     if head_size % 8 != 0 or not 8 <= head_size <= MAX_HEAD_SIZE:
         raise ValueError(f"head_size must be a multiple of 8 in [8, {MAX_HEAD_SIZE}], "
                          f"got {head_size}")
+
+
+def check_concrete_scale(name: str, scale) -> None:
+    """k_scale / v_scale given as host values (Python or NumPy numbers or arrays): every
+    element positive, finite and a normal float32 (device arrays and traced values are
+    not inspected: that would wait for the device)."""
+    if scale is None or isinstance(scale, jax.Array) or isinstance(scale, jax.core.Tracer):
+        return
+    try:
+        values = np.asarray(scale, dtype=np.float64)
+    except (TypeError, ValueError):
+        return  # the dtype check reports it
+    bad = ~((values >= _F32.tiny) & (values <= _F32.max))
+    if np.any(bad):
+        raise ValueError(f"{name} must be positive and finite, each in [{_F32.tiny:.4g}, "
+                         f"{_F32.max:.4g}] (normal float32), got {values[bad].ravel()[0]!r}")
 
 
 def check_scale(name: str, scale, num_kv_heads: int, cache_dtype) -> None:
@@ -148,35 +175,48 @@ def _static_number(name: str, value, none_means: str) -> float:
 
 
 def check_softmax_scale(scale, head_size: int) -> float:
-    """None (``1 / sqrt(head_size)``) or a finite static number; returns it as a float. (A
-    traced scale can be folded into the query instead.)"""
+    """None (``1 / sqrt(head_size)``) or a static number the kernels can hold as a float32:
+    0 or a magnitude in [float32 tiny, float32 max] (a larger one would be inf, a smaller
+    one a denormal that CPU and GPU flush differently); returns it as a float. (A traced
+    scale can be folded into the query instead.)"""
     if scale is None:
         return float(head_size) ** -0.5
     value = _static_number("scale", scale, "1 / sqrt(head_size)")
-    if not np.isfinite(value):
-        raise ValueError(f"scale must be finite, got {scale!r}")
+    if not (value == 0 or _F32.tiny <= abs(value) <= _F32.max):
+        raise ValueError(f"scale must be 0 or finite with magnitude in [{_F32.tiny:.4g}, "
+                         f"{_F32.max:.4g}] (a normal float32), got {scale!r}")
     return value
 
 
+# The kernels multiply by 1 / soft_cap: both it and the cap must be normal float32s.
+SOFT_CAP_RANGE = (float(_F32.tiny), float(1 / _F32.tiny))
+
+
 def check_soft_cap(soft_cap) -> float:
-    """None (off) or a positive finite static number; returns it as a float (0.0 = off)."""
+    """None or 0 (off), or a static number in SOFT_CAP_RANGE (``[2^-126, 2^126]``, where the
+    cap and its reciprocal are normal float32s, so kernel and reference agree); returns it
+    as a float (0.0 = off)."""
     if soft_cap is None:
         return 0.0
     value = _static_number("soft_cap", soft_cap, "off")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"soft_cap must be positive and finite (None = off), got {soft_cap!r}")
+    if value == 0:
+        return 0.0
+    lo, hi = SOFT_CAP_RANGE
+    if not lo <= value <= hi:
+        raise ValueError(f"soft_cap must be None or 0 (off), or in [2^-126, 2^126] = "
+                         f"[{lo:.4g}, {hi:.4g}], got {soft_cap!r}")
     return value
 
 
 def check_sliding_window(sliding_window) -> int:
-    """None (off) or a positive static int; returns it as an int (0 = off)."""
+    """None (off) or a positive static int below 2^31; returns it as an int (0 = off)."""
     if sliding_window is None:
         return 0
     if isinstance(sliding_window, (bool, np.bool_)) or not isinstance(sliding_window,
                                                                        (int, np.integer)):
         raise TypeError(f"sliding_window must be a static Python int or None, got "
                         f"{type(sliding_window).__name__}")
-    if not 0 < int(sliding_window) < 2 ** 31:
+    if not 0 < int(sliding_window) < INT32_LIMIT:
         raise ValueError(f"sliding_window must be in [1, 2^31) (None = off), got "
                          f"{sliding_window!r}")
     return int(sliding_window)
@@ -253,8 +293,13 @@ def check_copy_blocks(key_cache, value_cache, block_mapping) -> None:
                          f"{tuple(block_mapping.shape)}")
 
 
-def check_partition_size(partition_size: int, block_size: int) -> None:
-    if not isinstance(partition_size, (int, np.integer)) or partition_size <= 0 \
-            or partition_size % block_size != 0:
+def check_partition_size(partition_size: int, block_size: int) -> int:
+    """A static int, a positive multiple of block_size below 2^31; returns it as an int."""
+    if isinstance(partition_size, (bool, np.bool_)) or not isinstance(partition_size,
+                                                                       (int, np.integer)):
+        raise TypeError(f"partition_size must be a static Python int, got "
+                        f"{type(partition_size).__name__}")
+    if not 0 < int(partition_size) < INT32_LIMIT or partition_size % block_size != 0:
         raise ValueError(f"partition_size must be a positive multiple of block_size "
-                         f"({block_size}), got {partition_size!r}")
+                         f"({block_size}) below 2^31, got {partition_size!r}")
+    return int(partition_size)

@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 from jax.experimental import checkify
 
 from . import _shapes, primitives, reference
@@ -76,13 +77,21 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
     Returns:
       ``out`` in the query's shape and dtype, or ``(out, lse)`` with
       ``return_lse=True``. Query head ``h`` attends KV head ``h // (num_heads
-      // num_kv_heads)``. Differentiable w.r.t. the query, the caches, the
-      ALiBi slopes and the scales (the backward pass differentiates the
-      reference).
+      // num_kv_heads)``. A row whose output holds a NaN from a NaN query or
+      key has lse NaN. Differentiable (``grad``, ``jvp``, ``vjp``) w.r.t. the
+      query, the caches, the ALiBi slopes and the scales: derivatives are the
+      reference's, the forward value the kernel's.
+
+    Under ``jax.jit`` with the query sharded on its heads axis and the caches
+    on their KV-heads axis (and / or the query, tables and lengths on the
+    sequence axis), each device attends its own heads and sequences with no
+    collective, and the output keeps that sharding (docs/jax_integration.md).
     """
     if impl not in primitives.IMPLS:
         raise ValueError(f"impl must be one of {primitives.IMPLS}, got {impl!r}")
     if impl == "reference":
+        _shapes.check_concrete_scale("k_scale", k_scale)
+        _shapes.check_concrete_scale("v_scale", v_scale)
         return reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                          scale=scale, alibi_slopes=alibi_slopes,
                                          partition_size=partition_size, k_scale=k_scale,
@@ -90,11 +99,13 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
                                          sliding_window=sliding_window, return_lse=return_lse)
     query, key_cache, value_cache, block_tables, seq_lens = map(
         jnp.asarray, (query, key_cache, value_cache, block_tables, seq_lens))
+    _shapes.check_concrete_scale("k_scale", k_scale)
+    _shapes.check_concrete_scale("v_scale", v_scale)
     alibi, k_scale, v_scale = (None if a is None else jnp.asarray(a)
                                for a in (alibi_slopes, k_scale, v_scale))
     dims = _shapes.check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                          alibi, k_scale, v_scale)
-    _shapes.check_partition_size(partition_size, dims.block_size)
+    partition_size = _shapes.check_partition_size(partition_size, dims.block_size)
     soft_cap = _shapes.check_soft_cap(soft_cap)
     sliding_window = _shapes.check_sliding_window(sliding_window)
     scale = _shapes.check_softmax_scale(scale, dims.head_size)
@@ -105,45 +116,88 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
     return tuple(results) if return_lse else results[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11, 12, 13))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9, 10, 11, 12, 13))
 def _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi,
                               k_scale, v_scale, scale, impl, partition_size, soft_cap,
                               sliding_window, return_lse):
-    return tuple(primitives.paged_attention_p.bind(
+    return primitives.attention(
         query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale,
         scale=scale, impl=impl, partition_size=partition_size, soft_cap=soft_cap,
-        sliding_window=sliding_window, return_lse=return_lse))
+        sliding_window=sliding_window, return_lse=return_lse)
 
 
-def _attention_fwd(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
-                   v_scale, scale, impl, partition_size, soft_cap, sliding_window, return_lse):
-    out = _differentiable_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi,
-                                    k_scale, v_scale, scale, impl, partition_size, soft_cap,
+def _tangent_inputs(primals, tangents):
+    """The float operands with a nonzero tangent: (indices, primals, tangents)."""
+    picked = [(i, p, t) for i, (p, t) in enumerate(zip(primals, tangents))
+              if not isinstance(t, SymbolicZero)]
+    return tuple(zip(*picked)) if picked else ((), (), ())
+
+
+def _attention_jvp(scale, impl, partition_size, soft_cap, sliding_window, return_lse, primals,
+                   tangents):
+    # The value is the kernel's; the derivative is the reference's (same semantics), linear
+    # in the tangents, so reverse mode transposes it. Zero tangents stay symbolic: a
+    # gradient w.r.t. the query alone never builds cache-sized tangents.
+    out = _differentiable_attention(*primals, scale, impl, partition_size, soft_cap,
                                     sliding_window, return_lse)
-    return out, (query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale)
+    query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale = primals
+    float_primals = (query, key_cache, value_cache, alibi, k_scale, v_scale)
+    float_tangents = tuple(tangents[i] for i in (0, 1, 2, 5, 6, 7))
+    which, live_primals, live_tangents = _tangent_inputs(float_primals, float_tangents)
 
-
-def _attention_bwd(scale, impl, partition_size, soft_cap, sliding_window, return_lse, residuals,
-                   out_grad):
-    # The backward pass differentiates the reference (same semantics): it
-    # recomputes the forward in jnp, which is fine for fine-tuning-sized use.
-    query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale = residuals
-
-    def forward(query, key_cache, value_cache, alibi, k_scale, v_scale):
+    def forward(*live):
+        args = list(float_primals)
+        for i, a in zip(which, live):
+            args[i] = a
+        query, key_cache, value_cache, alibi, k_scale, v_scale = args
         result = reference.paged_attention(
             query, key_cache, value_cache, block_tables, seq_lens, scale=scale,
-            alibi_slopes=primitives.from_operand(alibi), k_scale=primitives.from_operand(k_scale),
-            v_scale=primitives.from_operand(v_scale),
+            alibi_slopes=primitives.from_operand(alibi),
+            k_scale=primitives.from_operand(k_scale), v_scale=primitives.from_operand(v_scale),
             soft_cap=soft_cap or None, sliding_window=sliding_window or None,
             return_lse=return_lse)
         return tuple(result) if return_lse else (result,)
 
-    _, vjp = jax.vjp(forward, query, key_cache, value_cache, alibi, k_scale, v_scale)
-    d_query, d_key_cache, d_value_cache, d_alibi, d_k_scale, d_v_scale = vjp(tuple(out_grad))
-    return (d_query, d_key_cache, d_value_cache, None, None, d_alibi, d_k_scale, d_v_scale)
+    if not which:
+        return out, tuple(jnp.zeros(o.shape, o.dtype) for o in out)
+    _, out_tangents = jax.jvp(forward, live_primals, live_tangents)
+    return out, out_tangents
 
 
-_differentiable_attention.defvjp(_attention_fwd, _attention_bwd)
+_differentiable_attention.defjvp(_attention_jvp, symbolic_zeros=True)
+
+
+def _with_reference_jvp(kernel, ref):
+    """``kernel`` with the derivatives of ``ref`` (same semantics): the value is the
+    kernel's, tangents come from the reference, zero ones stay symbolic."""
+    fn = jax.custom_jvp(kernel)
+
+    def jvp(primals, tangents):
+        out = fn(*primals)
+        live = [i for i, t in enumerate(tangents) if not isinstance(t, SymbolicZero)]
+        if not live:
+            return out, tuple(jnp.zeros(o.shape, o.dtype) for o in out)
+
+        def forward(*xs):
+            args = list(primals)
+            for i, x in zip(live, xs):
+                args[i] = x
+            return tuple(ref(*args))
+        _, out_tangents = jax.jvp(forward, tuple(primals[i] for i in live),
+                                  tuple(tangents[i] for i in live))
+        return out, out_tangents
+
+    fn.defjvp(jvp, symbolic_zeros=True)
+    return fn
+
+
+_differentiable_write = _with_reference_jvp(
+    primitives.write_cache,
+    lambda key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale:
+        reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                    k_scale=primitives.from_operand(k_scale),
+                                    v_scale=primitives.from_operand(v_scale)))
+_differentiable_copy = _with_reference_jvp(primitives.copy_cache_blocks, reference.copy_blocks)
 
 
 def merge_attention_states(o1: ArrayLike, lse1: ArrayLike, o2: ArrayLike, lse2: ArrayLike
@@ -160,8 +214,11 @@ def merge_attention_states(o1: ArrayLike, lse1: ArrayLike, o2: ArrayLike, lse2: 
 
     computed in float32 (numerically stable; ``o`` in ``o1``'s dtype). An
     empty part (``lse = -inf``) has weight 0: merging with it returns the
-    other result unchanged (and NaN in its ``o`` is ignored); two empty parts
-    give zeros and ``-inf``.
+    other result unchanged (its ``o``, zeros from the kernels, is not read);
+    two empty parts give zeros and ``-inf``. NaN propagates: a NaN (or
+    ``+inf``) ``lse`` in either part makes that row's ``o`` and ``lse`` NaN,
+    and a NaN in the ``o`` of a part that is not empty reaches ``o``, however
+    small its weight.
 
     Args:
       o1, o2: ``[..., head_size]`` of one shape.
@@ -179,15 +236,18 @@ def merge_attention_states(o1: ArrayLike, lse1: ArrayLike, o2: ArrayLike, lse2: 
             raise TypeError(f"{name} must be a float array, got {lse.dtype}")
     lse1 = lse1.astype(jnp.float32)
     lse2 = lse2.astype(jnp.float32)
-    m = jnp.maximum(lse1, lse2)
+    m = jnp.maximum(lse1, lse2)                      # NaN if either is NaN
     m = jnp.where(jnp.isneginf(m), 0.0, m)           # both empty: any finite shift
-    w1 = jnp.exp(lse1 - m)                           # exp(-inf) = 0 for an empty part
+    w1 = jnp.exp(lse1 - m)                           # 0 for an empty part, NaN for NaN / +inf
     w2 = jnp.exp(lse2 - m)
-    total = w1 + w2
-    part1 = jnp.where((w1 > 0)[..., None], o1.astype(jnp.float32) * w1[..., None], 0.0)
-    part2 = jnp.where((w2 > 0)[..., None], o2.astype(jnp.float32) * w2[..., None], 0.0)
-    o = (part1 + part2) / jnp.where(total > 0, total, 1.0)[..., None]
-    lse = jnp.where(total > 0, m + jnp.log(jnp.where(total > 0, total, 1.0)), -jnp.inf)
+    total = w1 + w2                                  # 0 only when both parts are empty
+    # Only an empty part is skipped outright (0 * NaN would be NaN); any other part's
+    # NaN reaches o even where its weight underflows to 0.
+    part1 = jnp.where(jnp.isneginf(lse1)[..., None], 0.0, o1.astype(jnp.float32) * w1[..., None])
+    part2 = jnp.where(jnp.isneginf(lse2)[..., None], 0.0, o2.astype(jnp.float32) * w2[..., None])
+    empty = total == 0
+    o = (part1 + part2) / jnp.where(empty, 1.0, total)[..., None]
+    lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
     return o.astype(o1.dtype), lse
 
 
@@ -215,14 +275,16 @@ def reshape_and_cache(key: ArrayLike, value: ArrayLike, key_cache: ArrayLike,
     Returns:
       The updated ``(key_cache, value_cache)``. Under
       ``jax.jit(..., donate_argnums=...)`` with the caches donated the update
-      happens in place, with no copy of the cache.
+      happens in place, with no copy of the cache. Caches sharded on their
+      KV-heads axis are written on each device, with no collective.
     """
     args = tuple(map(jnp.asarray, (key, value, key_cache, value_cache, slot_mapping)))
+    _shapes.check_concrete_scale("k_scale", k_scale)
+    _shapes.check_concrete_scale("v_scale", v_scale)
     k_scale, v_scale = (None if a is None else jnp.asarray(a) for a in (k_scale, v_scale))
     _shapes.check_reshape_and_cache(*args, k_scale, v_scale)
     k_scale, v_scale = map(primitives.to_operand, (k_scale, v_scale))
-    kc, vc = primitives.reshape_and_cache_p.bind(*args, k_scale, v_scale)
-    return kc, vc
+    return _differentiable_write(*args, k_scale, v_scale)
 
 
 def copy_blocks(key_cache: ArrayLike, value_cache: ArrayLike, block_mapping: ArrayLike
@@ -238,8 +300,7 @@ def copy_blocks(key_cache: ArrayLike, value_cache: ArrayLike, block_mapping: Arr
     """
     args = tuple(map(jnp.asarray, (key_cache, value_cache, block_mapping)))
     _shapes.check_copy_blocks(*args)
-    kc, vc = primitives.copy_blocks_p.bind(*args)
-    return kc, vc
+    return _differentiable_copy(*args)
 
 
 def _input_problems(block_tables, seq_lens, num_blocks: int, block_size: int):

@@ -8,6 +8,11 @@ Each op is a ``jax.extend.core.Primitive`` with
 * a batching rule that folds a ``vmap`` axis into the sequence (and block)
   axes, so ``vmap`` is one kernel call, not a loop.
 
+The public ops bind them through :func:`attention`, :func:`write_cache` and
+:func:`copy_cache_blocks`: a ``custom_partitioning`` rule (each device runs the
+kernel on its own heads and sequences, no collective) inside a ``custom_vmap``
+whose rule is the primitive's batching rule (``custom_partitioning`` has none).
+
 V2's workspace (partial outputs, max logits, exp-sums) is returned by the FFI
 call as extra results allocated by XLA and dropped here, which keeps the
 handlers free of allocation (CUDA-graph compatible).
@@ -15,39 +20,46 @@ handlers free of allocation (CUDA-graph compatible).
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
 import numpy as np
 import jax
 import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.core import ShapedArray
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import _native, _shapes, reference
 
 NOT_MAPPED = None  # how batching rules mark an unbatched operand
 IMPLS = ("auto", "v1", "v2", "grouped", "reference")
-# Head sizes the CUDA kernels are instantiated for (block sizes: _shapes).
-CUDA_HEAD_SIZES = (64, 80, 96, 112, 120, 128, 192, 256)
+# Head sizes the CUDA kernels are instantiated for (from the native module; block sizes:
+# _shapes.SUPPORTED_BLOCK_SIZES).
+CUDA_HEAD_SIZES = _shapes.CUDA_HEAD_SIZES
 
 
-def cuda_has_head_size(impl: str, head_size: int) -> bool:
-    """Whether the CUDA kernels run a call of this head size. Where they have no
+def cuda_has_head_size(impl: str, head_size: int, cache_dtype=None) -> bool:
+    """Whether the CUDA kernels run a call of this head size (and cache dtype: fp8 caches
+    have their own list, the head sizes that are multiples of 16). Where they have no
     instantiation, ``impl="auto"`` falls back to the jnp reference with a warning
     (the call works, slowly, and says so), ``"reference"`` is the reference anyway, and
     any other ``impl`` names a kernel that cannot run the call: a ``ValueError``."""
-    if head_size in CUDA_HEAD_SIZES:
+    fp8 = cache_dtype is not None and _shapes.is_fp8(cache_dtype)
+    sizes = _shapes.CUDA_FP8_HEAD_SIZES if fp8 else CUDA_HEAD_SIZES
+    if head_size in sizes:
         return True
     if impl == "reference":
         return False
+    which = "with fp8 caches (head sizes that are multiples of 16) " if fp8 else ""
     if impl != "auto":
-        raise ValueError(f"the CUDA kernels support head_size in {CUDA_HEAD_SIZES}, got "
+        raise ValueError(f"the CUDA kernels {which}support head_size in {sizes}, got "
                          f"{head_size} with impl={impl!r} (use impl='auto' or 'reference', or "
                          f"pad the heads)")
-    warnings.warn(f"jax_paged: no CUDA kernel for head_size {head_size} (built for "
-                  f"{CUDA_HEAD_SIZES}); impl='auto' runs the jnp reference on the GPU",
+    warnings.warn(f"jax_paged: no CUDA kernel {which}for head_size {head_size} (built for "
+                  f"{sizes}); impl='auto' runs the jnp reference on the GPU",
                   stacklevel=2)
     return False
 
@@ -73,13 +85,9 @@ def ffi_attrs(**attrs) -> dict:
 # --------------------------------------------------------------------------
 
 def _cpu_threads() -> int:
-    env = os.environ.get("JAX_PAGED_CPU_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """Worker threads of the CPU kernels, as the native module counts them
+    (JAX_PAGED_CPU_THREADS, else the cores this process may use)."""
+    return _native.cpu_module.cpu_threads()
 
 
 def _num_sms() -> int:
@@ -271,7 +279,7 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
                       return_lse):
     dims = _attention_dims(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
                            v_scale)
-    if platform == "cuda" and not cuda_has_head_size(impl, dims.head_size):
+    if platform == "cuda" and not cuda_has_head_size(impl, dims.head_size, dims.cache_dtype):
         return _attention_reference(query, key_cache, value_cache, block_tables, seq_lens, alibi,
                                     k_scale, v_scale, scale=scale, impl="v1",
                                     partition_size=partition_size, soft_cap=soft_cap,
@@ -298,6 +306,9 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
                 target_v2 = "jax_paged_attention_grouped"
         # else: fp8 under a float32 query: classic V2 with the caller's
         # partition size, never a kernel that cannot run the call.
+    # Partitions past the table's capacity are empty: any size >= capacity is one
+    # partition, so the kernels never see a size near the int32 limit.
+    partition_size = min(partition_size, max(dims.block_size, dims.capacity))
     # V1, V2 and grouped share the extended FFI contract.
     operands = (query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale)
     lse_type = jax.ShapeDtypeStruct(_lse_shape(query) if return_lse else (0,), jnp.float32)
@@ -313,7 +324,18 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
                      jax.ShapeDtypeStruct(rows + (dims.head_size,), jnp.float32))  # tmp_out
         results = jax.ffi.ffi_call(target_v2, (out_type, lse_type) + workspace)(
             *operands, **ffi_attrs(partition_size=partition_size, **attrs))
-    return [results[0], results[1]] if return_lse else [results[0]]
+    if not return_lse:
+        return [results[0]]
+    return [results[0], nan_lse_where_out_is_nan(results[0], results[1])]
+
+
+def nan_lse_where_out_is_nan(out, lse):
+    """The kernels report lse = -inf ("nothing attended") for a row whose exp-sum is NaN
+    (a NaN query or key): such a row's output has a NaN, and its lse must be NaN too, or
+    merge_attention_states would drop the row as empty. A row with a NaN only in its
+    values keeps its finite lse (the reference's semantics)."""
+    bad = jnp.isneginf(lse) & jnp.any(jnp.isnan(out), axis=-1)
+    return jnp.where(bad, jnp.nan, lse)
 
 
 def _move_batch(x, bdim, size):
@@ -497,3 +519,254 @@ _register(reshape_and_cache_p, _write_abstract, _write_native, _write_reference,
           multiple_results=True)
 _register(copy_blocks_p, _copy_abstract, _copy_native, _copy_reference, _copy_batch,
           multiple_results=True)
+
+
+# --------------------------------------------------------------------------
+# Sharding under plain jit, and vmap around it
+# --------------------------------------------------------------------------
+# Each op is a custom_partitioning call with a Shardy sharding rule: heads (the
+# caches' KV heads, the query's heads as (KV head, group)) and sequences pass
+# through; every other dimension must be replicated. Its partition callback runs
+# the primitive on each device's heads and sequences with no collective. Outside
+# a multi-device jit (one device, shard_map) JAX inlines the primitive.
+
+def _spec_entry(sharding, dim: int):
+    """The mesh axis (name, tuple of names or None) sharding dimension ``dim``."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None or len(spec) <= dim:
+        return None
+    entry = spec[dim]
+    if isinstance(entry, tuple):
+        return entry if len(entry) > 1 else (entry[0] if entry else None)
+    return entry
+
+
+def _axis_size(mesh, axis) -> int:
+    names = () if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    return int(np.prod([mesh.shape[name] for name in names], dtype=np.int64))
+
+
+def _axis_names(axis) -> set:
+    return set() if axis is None else set(axis if isinstance(axis, tuple) else (axis,))
+
+
+def head_split(op: str, mesh, axis, num_kv_heads: int, num_heads: int | None = None):
+    """The mesh axis the KV heads of the caches are split over (None: caches replicated),
+    after checking that the heads divide evenly. A single KV head (MQA) stays replicated
+    while the query heads split."""
+    n = _axis_size(mesh, axis)
+    if n == 1:
+        return None
+    if num_heads is not None and num_heads % n:
+        raise ValueError(f"jax_paged.{op}: num_heads ({num_heads}) does not divide evenly over "
+                         f"mesh axis {axis!r} of size {n}")
+    if num_kv_heads % n == 0:
+        return axis
+    if num_heads is not None and num_kv_heads == 1:
+        return None
+    raise ValueError(f"jax_paged.{op}: num_kv_heads ({num_kv_heads}) does not divide evenly over "
+                     f"mesh axis {axis!r} of size {n}")
+
+
+def _seq_split(mesh, axis, num_seqs: int, heads_axis):
+    """The mesh axis the sequences are split over, or None (replicated) where it does not
+    divide them evenly or overlaps the heads' axis."""
+    n = _axis_size(mesh, axis)
+    if n == 1 or num_seqs % n or _axis_names(axis) & _axis_names(heads_axis):
+        return None
+    return axis
+
+
+def _named(mesh, *spec):
+    return NamedSharding(mesh, P(*spec))
+
+
+def _optional_factor(size: int, num: int, factor: str, name: str) -> str:
+    """Rule factor of an optional per-head operand: the heads' factor when it has
+    one element per head, else a factor of its own (replicated)."""
+    return factor if size == num else name
+
+
+def _heads_factor(num_heads: int, num_kv_heads: int) -> tuple[str, dict]:
+    """The query heads' factor: KV head major, group minor; a factor of their own with a
+    single KV head (MQA: the query heads split, the caches stay whole)."""
+    group = num_heads // max(num_kv_heads, 1)
+    if num_kv_heads == 1:
+        return "h", {}
+    return ("(k g)", {"g": group}) if group > 1 else ("k", {})
+
+
+_ATTENTION_REPLICATED = ("q", "d", "n", "c", "b", "x", "m", "za", "zk", "zv")
+
+
+def _attention_rule(scale, impl, partition_size, soft_cap, sliding_window, return_lse, mesh,
+                    operand_types, result_types):
+    query, key_cache = operand_types[0].shape, operand_types[1].shape
+    num_heads, num_kv_heads = query[-2], key_cache[1]
+    heads, sizes = _heads_factor(num_heads, num_kv_heads)
+    rows = "s q" if len(query) == 4 else "s"
+    alibi, k_scale, v_scale = (t.shape[0] for t in operand_types[5:8])
+    operands = [f"{rows} {heads} d", "n k c b x", "n k d b", "s m", "s",
+                _optional_factor(alibi, num_heads, heads, "za"),
+                _optional_factor(k_scale, num_kv_heads, "k", "zk"),
+                _optional_factor(v_scale, num_kv_heads, "k", "zv")]
+    results = [f"{rows} {heads} d"] + ([f"{rows} {heads}"] if return_lse else [])
+    used = " ".join(operands + results)
+    replicated = tuple(f for f in _ATTENTION_REPLICATED if f in used.replace("(", " ").split())
+    return (", ".join(operands) + " -> " + ", ".join(results),
+            dict(sizes, need_replication_factors=replicated))
+
+
+def _attention_shardings(mesh, arg_shapes, return_lse):
+    query, key_cache = arg_shapes[0], arg_shapes[1]
+    heads_dim = len(query.shape) - 2
+    num_heads, num_kv_heads = query.shape[heads_dim], key_cache.shape[1]
+    axis = _spec_entry(key_cache.sharding, 1) or _spec_entry(query.sharding, heads_dim)
+    cache_axis = head_split("paged_attention", mesh, axis, num_kv_heads, num_heads)
+    heads_axis = axis if _axis_size(mesh, axis) > 1 else None
+    seq_axis = _seq_split(mesh, _spec_entry(query.sharding, 0), query.shape[0], heads_axis)
+    rows = (seq_axis, None) if heads_dim == 2 else (seq_axis,)
+    per_head = lambda a, count, ax: _named(mesh, ax) if a.shape[0] == count else _named(mesh)  # noqa: E731
+    args = (_named(mesh, *rows, heads_axis, None), _named(mesh, None, cache_axis),
+            _named(mesh, None, cache_axis), _named(mesh, seq_axis), _named(mesh, seq_axis),
+            per_head(arg_shapes[5], num_heads, heads_axis),
+            per_head(arg_shapes[6], num_kv_heads, cache_axis),
+            per_head(arg_shapes[7], num_kv_heads, cache_axis))
+    results = (args[0],) + ((_named(mesh, *rows, heads_axis),) if return_lse else ())
+    return args, results
+
+
+def _bind_attention(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
+                    v_scale, scale, impl, partition_size, soft_cap, sliding_window, return_lse):
+    return tuple(paged_attention_p.bind(
+        query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale,
+        scale=scale, impl=impl, partition_size=partition_size, soft_cap=soft_cap,
+        sliding_window=sliding_window, return_lse=return_lse))
+
+
+def _attention_partition(scale, impl, partition_size, soft_cap, sliding_window, return_lse, mesh,
+                         arg_shapes, result_shape):
+    args, results = _attention_shardings(mesh, arg_shapes, return_lse)
+
+    def lower(*operands):
+        return _bind_attention(*operands, scale, impl, partition_size, soft_cap, sliding_window,
+                               return_lse)
+    return mesh, lower, results, args
+
+
+def _attention_infer(scale, impl, partition_size, soft_cap, sliding_window, return_lse, mesh,
+                     arg_shapes, result_shape):
+    return _attention_shardings(mesh, arg_shapes, return_lse)[1]
+
+
+_partitioned_attention = custom_partitioning(_bind_attention, static_argnums=tuple(range(8, 14)))
+_partitioned_attention.def_partition(partition=_attention_partition,
+                                     infer_sharding_from_operands=_attention_infer,
+                                     sharding_rule=_attention_rule)
+
+
+def _vmapped(partitioned, plain):
+    """``partitioned`` (a custom_partitioning call, which has no batching rule) under a
+    custom_vmap whose rule vmaps ``plain``, the bare primitive bind (one folded call)."""
+    @custom_vmap
+    def call(*operands):
+        return partitioned(*operands)
+
+    @call.def_vmap
+    def rule(axis_size, in_batched, *operands):
+        outs = jax.vmap(plain, in_axes=tuple(0 if b else None for b in in_batched),
+                        axis_size=axis_size)(*operands)
+        return outs, tuple(True for _ in outs)
+    return call
+
+
+def attention(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale, v_scale, *,
+              scale, impl, partition_size, soft_cap, sliding_window, return_lse):
+    """paged_attention_p on checked operands (alibi and scales as to_operand gives them),
+    partitioned over heads and sequences under jit, batched by the primitive under vmap.
+    Returns the tuple (out,) or (out, lse)."""
+    static = (scale, impl, partition_size, soft_cap, sliding_window, return_lse)
+    call = _vmapped(lambda *ops: _partitioned_attention(*ops, *static),
+                    lambda *ops: _bind_attention(*ops, *static))
+    return tuple(call(query, key_cache, value_cache, block_tables, seq_lens, alibi, k_scale,
+                      v_scale))
+
+
+# ---- reshape_and_cache and copy_blocks: KV heads split, everything else replicated ----
+
+def _cache_shardings(op, mesh, cache, *others):
+    """The KV-head sharding of the caches and of ``others`` (arrays [*, num_kv_heads, ...])."""
+    axis = _spec_entry(cache.sharding, 1)
+    for other in others:
+        axis = axis or _spec_entry(other.sharding, 1)
+    axis = head_split(op, mesh, axis, cache.shape[1])
+    return axis, _named(mesh, None, axis)
+
+
+def _bind_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+    return tuple(reshape_and_cache_p.bind(key, value, key_cache, value_cache, slot_mapping,
+                                          k_scale, v_scale))
+
+
+def _write_partition(mesh, arg_shapes, result_shape):
+    axis, heads = _cache_shardings("reshape_and_cache", mesh, arg_shapes[2], arg_shapes[0])
+    num_kv_heads = arg_shapes[2].shape[1]
+    scale = lambda a: _named(mesh, axis) if a.shape[0] == num_kv_heads else _named(mesh)  # noqa: E731
+    args = (heads, heads, heads, heads, _named(mesh), scale(arg_shapes[5]), scale(arg_shapes[6]))
+    return mesh, _bind_write, (heads, heads), args
+
+
+def _write_infer(mesh, arg_shapes, result_shape):
+    _, heads = _cache_shardings("reshape_and_cache", mesh, arg_shapes[2], arg_shapes[0])
+    return (heads, heads)
+
+
+def _write_rule(mesh, operand_types, result_types):
+    num_kv_heads = operand_types[2].shape[1]
+    k_scale, v_scale = (t.shape[0] for t in operand_types[5:7])
+    operands = ["t k d", "t k d", "n k c b x", "n k d b", "t",
+                _optional_factor(k_scale, num_kv_heads, "k", "zk"),
+                _optional_factor(v_scale, num_kv_heads, "k", "zv")]
+    used = set(" ".join(operands).split())
+    replicated = tuple(f for f in ("t", "d", "n", "c", "b", "x", "zk", "zv") if f in used)
+    return (", ".join(operands) + " -> n k c b x, n k d b",
+            dict(need_replication_factors=replicated))
+
+
+_partitioned_write = custom_partitioning(_bind_write)
+_partitioned_write.def_partition(partition=_write_partition,
+                                 infer_sharding_from_operands=_write_infer,
+                                 sharding_rule=_write_rule)
+_write_call = _vmapped(_partitioned_write, _bind_write)
+
+
+def write_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+    """reshape_and_cache_p on checked operands, partitioned over KV heads under jit."""
+    return tuple(_write_call(key, value, key_cache, value_cache, slot_mapping, k_scale,
+                             v_scale))
+
+
+def _bind_copy(key_cache, value_cache, block_mapping):
+    return tuple(copy_blocks_p.bind(key_cache, value_cache, block_mapping))
+
+
+def _copy_partition(mesh, arg_shapes, result_shape):
+    _, heads = _cache_shardings("copy_blocks", mesh, arg_shapes[0], arg_shapes[1])
+    return mesh, _bind_copy, (heads, heads), (heads, heads, _named(mesh))
+
+
+def _copy_infer(mesh, arg_shapes, result_shape):
+    return (_cache_shardings("copy_blocks", mesh, arg_shapes[0], arg_shapes[1])[1],) * 2
+
+
+_partitioned_copy = custom_partitioning(_bind_copy)
+_partitioned_copy.def_partition(
+    partition=_copy_partition, infer_sharding_from_operands=_copy_infer,
+    sharding_rule="n k c b x, n k d b, p two -> n k c b x, n k d b",
+    need_replication_factors=("n", "c", "b", "x", "d", "p", "two"))
+_copy_call = _vmapped(_partitioned_copy, _bind_copy)
+
+
+def copy_cache_blocks(key_cache, value_cache, block_mapping):
+    """copy_blocks_p on checked operands, partitioned over KV heads under jit."""
+    return tuple(_copy_call(key_cache, value_cache, block_mapping))

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cfloat>
 #include <climits>
 #include <cstdint>
 #include <sstream>
@@ -17,6 +18,7 @@
 
 #include "ffi/xla_ffi.h"
 #include "params.h"
+#include "sizes.h"
 
 namespace jax_paged {
 namespace ffi = xla::ffi;
@@ -31,6 +33,15 @@ inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
 
 inline ffi::Error ArgError(const std::string& what) {
   return ffi::Error::InvalidArgument("jax_paged: " + what);
+}
+
+// The parameter structs hold sizes and attributes as int: a value that does not
+// fit is refused with an error naming it, never narrowed (a narrowed partition
+// size of 2^32 would be 0, a division by zero in the kernels).
+inline bool FitsInt(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+inline ffi::Error IntRangeError(const std::string& name, int64_t v) {
+  return ArgError(name + " must be in [0, 2^31), got " + std::to_string(v));
 }
 
 // Maps an XLA float dtype to a ScalarKind; false for anything else.
@@ -150,13 +161,22 @@ inline ffi::Error UnpackAttentionCore(ffi::AnyBuffer query, ffi::AnyBuffer key_c
   if (out.dimensions().size() != q.size() ||
       static_cast<int64_t>(out.element_count()) != num_seqs * q_len * num_heads * head_size)
     return ArgError("out must have the query's shape");
-  if (head_size % 8 != 0 || head_size > 256 || head_size <= 0)
-    return ArgError("head_size must be a multiple of 8 up to 256, got " +
-                    std::to_string(head_size));
-  if (block_size <= 0 || block_size > 256)
-    return ArgError("block_size must be in [1, 256], got " + std::to_string(block_size));
+  if (head_size % 8 != 0 || head_size > kMaxHeadSize || head_size <= 0)
+    return ArgError("head_size must be a multiple of 8 up to " + std::to_string(kMaxHeadSize) +
+                    ", got " + std::to_string(head_size));
+  if (block_size <= 0 || block_size > kMaxBlockSize)
+    return ArgError("block_size must be in [1, " + std::to_string(kMaxBlockSize) + "], got " +
+                    std::to_string(block_size));
   if (q_len <= 0 && num_seqs > 0)
     return ArgError("q_len (query.shape[1]) must be positive");
+  if (!FitsInt(num_seqs)) return IntRangeError("num_seqs", num_seqs);
+  if (!FitsInt(num_heads)) return IntRangeError("num_heads", num_heads);
+  if (!FitsInt(bt[1])) return IntRangeError("max_blocks_per_seq", bt[1]);
+  // Kernels index rows (sequence, position, head) and token positions as int.
+  if (!FitsInt(num_seqs * q_len * num_heads))
+    return IntRangeError("num_seqs * q_len * num_heads", num_seqs * q_len * num_heads);
+  if (!FitsInt(bt[1] * block_size))
+    return IntRangeError("max_blocks_per_seq * block_size", bt[1] * block_size);
 
   p->out = out.untyped_data();
   p->query = query.untyped_data();
@@ -239,8 +259,9 @@ inline ffi::Error UnpackPagedAttentionExt(ffi::AnyBuffer query, ffi::AnyBuffer k
                                      &p->v_scale_stride);
       err.failure())
     return err;
-  if (!(soft_cap >= 0.0f) || soft_cap == INFINITY)
-    return ArgError("soft_cap must be finite and >= 0 (0 = off), got " +
+  // 0 = off; else 1 / soft_cap must be a normal float too (the kernels multiply by it).
+  if (!(soft_cap == 0.0f || (soft_cap >= FLT_MIN && soft_cap <= 1.0f / FLT_MIN)))
+    return ArgError("soft_cap must be 0 (off) or in [2^-126, 2^126], got " +
                     std::to_string(soft_cap));
   if (sliding_window < 0 || sliding_window > INT32_MAX)
     return ArgError("sliding_window must be in [0, 2^31) (0 = off), got " +
@@ -264,9 +285,9 @@ inline ffi::Error UnpackPagedAttentionExt(ffi::AnyBuffer query, ffi::AnyBuffer k
 inline ffi::Error UnpackPartitions(int64_t partition_size, ffi::AnyBuffer exp_sums,
                                    ffi::AnyBuffer max_logits, ffi::AnyBuffer tmp_out,
                                    PagedAttentionParams* p) {
-  if (partition_size <= 0 || partition_size % p->block_size != 0)
+  if (partition_size <= 0 || partition_size % p->block_size != 0 || !FitsInt(partition_size))
     return ArgError("partition_size must be a positive multiple of block_size (" +
-                    std::to_string(p->block_size) + "), got " +
+                    std::to_string(p->block_size) + ") below 2^31, got " +
                     std::to_string(partition_size));
   const int64_t capacity = int64_t{p->max_blocks_per_seq} * p->block_size;
   const int64_t parts = std::max<int64_t>(1, (capacity + partition_size - 1) / partition_size);
@@ -349,6 +370,14 @@ inline ffi::Error UnpackReshapeAndCache(ffi::AnyBuffer key, ffi::AnyBuffer value
   if (slot_mapping.element_type() != ffi::DataType::S32 ||
       static_cast<int64_t>(slot_mapping.element_count()) != k[0])
     return ArgError("slot_mapping must be int32 [num_tokens]");
+  if (!FitsInt(k[0])) return IntRangeError("num_tokens", k[0]);
+  if (k[1] <= 0 || !FitsInt(k[1])) return IntRangeError("num_kv_heads", k[1]);
+  if (k[2] <= 0 || k[2] > kMaxHeadSize)
+    return ArgError("head_size must be in [1, " + std::to_string(kMaxHeadSize) + "], got " +
+                    std::to_string(k[2]));
+  if (kc[3] <= 0 || kc[3] > kMaxBlockSize)
+    return ArgError("block_size must be in [1, " + std::to_string(kMaxBlockSize) + "], got " +
+                    std::to_string(kc[3]));
   const bool fp8 = cache_kind != CacheKind::kSameAsQuery;
   if (auto err = detail::UnpackScale("k_scale", k_scale, static_cast<int>(k[1]), fp8,
                                      &p->k_scale, &p->k_scale_stride);
@@ -395,6 +424,7 @@ inline ffi::Error UnpackCopyBlocks(ffi::AnyBuffer key_cache, ffi::AnyBuffer valu
     return ArgError("key_cache and value_cache disagree");
   if (block_mapping.element_type() != ffi::DataType::S32 || bm.size() != 2 || bm[1] != 2)
     return ArgError("block_mapping must be int32 [num_pairs, 2], got " + DimsToString(bm));
+  if (!FitsInt(bm[0])) return IntRangeError("num_pairs", bm[0]);
   p->key_cache = key_cache_out->untyped_data();
   p->value_cache = value_cache_out->untyped_data();
   p->block_mapping = reinterpret_cast<const int32_t*>(block_mapping.untyped_data());

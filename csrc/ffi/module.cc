@@ -4,6 +4,10 @@
 #include <nanobind/nanobind.h>
 
 #include "ffi/handlers.h"
+#include "sizes.h"
+#ifndef JAX_PAGED_MODULE_CUDA
+#include "cpu/parallel.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -20,9 +24,30 @@ static nb::capsule Capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
+// A size list of sizes.h as a Python tuple.
+#define JAX_PAGED_APPEND_SIZE(list, size) list.append(size);
+#define JAX_PAGED_SIZE_TUPLE(LIST)                \
+  [] {                                            \
+    nb::list sizes;                               \
+    LIST(JAX_PAGED_APPEND_SIZE, sizes)            \
+    return nb::tuple(sizes);                      \
+  }()
+
 NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
   m.attr("jaxlib_build_version") = JAXLIB_BUILD_VERSION;
   m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+  // The sizes the CUDA kernels are instantiated for and the bounds every kernel
+  // shares (sizes.h); jax_paged/_shapes.py reads them from here.
+  m.attr("head_sizes") = JAX_PAGED_SIZE_TUPLE(JAX_PAGED_HEAD_SIZES);
+  m.attr("fp8_head_sizes") = JAX_PAGED_SIZE_TUPLE(JAX_PAGED_FP8_HEAD_SIZES);
+  m.attr("block_sizes") = JAX_PAGED_SIZE_TUPLE(JAX_PAGED_BLOCK_SIZES);
+  m.attr("max_head_size") = jax_paged::kMaxHeadSize;
+  m.attr("max_block_size") = jax_paged::kMaxBlockSize;
+#ifndef JAX_PAGED_MODULE_CUDA
+  // Worker threads of the CPU kernels (JAX_PAGED_CPU_THREADS, else the cores
+  // this process may use), read once per process.
+  m.def("cpu_threads", &jax_paged::cpu::AvailableThreads);
+#endif
   m.def("registrations", []() {
     nb::dict d;
     d["jax_paged_attention_v1"] = Capsule(JAX_PAGED_HANDLER(JaxPagedAttentionV1));

@@ -12,7 +12,7 @@ namespace jax_paged {
 enum class ScalarKind { kF32, kF16, kBF16 };
 
 // Element kind of the KV cache relative to the query: the query's own dtype
-// (the seed's case), or an fp8 format, dequantised on read with k_scale /
+// (the plain case), or an fp8 format, dequantised on read with k_scale /
 // v_scale (value * scale) and quantised on write (value / scale, saturating,
 // round to nearest even). fp8 caches use x = 16 in the K layout.
 enum class CacheKind { kSameAsQuery, kFp8E4M3, kFp8E5M2 };
@@ -57,7 +57,7 @@ struct PagedAttentionParams {
   int partition_size = 512;      // V2 tokens per partition (multiple of block_size)
   int max_num_partitions = 1;    // ceil(max_blocks_per_seq * block_size / partition_size)
 
-  // ---- extensions (issue 6). The defaults give the seed's decode semantics,
+  // ---- extensions. The defaults give plain decode semantics,
   // so code that fills only the fields above is unaffected. -----------------
   // Multi-token queries: query and out are [num_seqs, q_len, num_heads,
   // head_size]; query row i of sequence s sits at position L - q_len + i and
@@ -83,7 +83,7 @@ struct PagedAttentionParams {
   ScalarKind query_kind = ScalarKind::kF32;
   CacheKind cache_kind = CacheKind::kSameAsQuery;
 #ifdef JAX_PAGED_TRACE
-  // Development builds only (CMake -DJAX_PAGED_TRACE=ON): per-CTA timestamps
+  // Trace builds only (CMake -DJAX_PAGED_TRACE=ON): per-CTA timestamps
   // of the grouped kernel, [trace_capacity][kTraceWords] uint64 (see
   // grouped_attention.cuh); CTAs past trace_capacity write nothing.
   unsigned long long* trace = nullptr;

@@ -1,9 +1,9 @@
 // What one kernel per call can do on this GPU: the per-call time of reading W
 // bytes, back to back, with nothing but the reads.
 //
-// The grouped attention kernel's remaining goals (issue 6: fp8 caches at
-// B=1 and at head size 64) are per-call fixed costs, not streaming rate. This
-// program measures the floor those goals sit against, with the same method as
+// The grouped attention kernel's hardest shapes (fp8 caches at B=1 and at head
+// size 64) are bound by per-call fixed costs, not streaming rate. This program
+// measures the floor those shapes sit against, with the same method as
 // the benchmark (per-call time of many back-to-back calls, median of samples,
 // each call reading fresh data: the inputs rotate over >= 640 MB, far more than
 // the 50 MB L2) and against the same reference (the copy bandwidth of y = x + 1
@@ -27,8 +27,8 @@
 //               memory: the floor of split-K partitions merged inside a cluster
 //               instead of by the V2 reduce's second kernel (with one cluster of
 //               16 CTAs per KV head, 8 x 16 = 128 CTAs, one per SM, nothing is
-//               left to merge after the call; forty-fifth session; on an H100 in the
-//               forty-sixth no such grid fit in one wave: BENCHMARKS.md).
+//               left to merge after the call; such a grid need not fit in one
+//               wave on every card).
 //   hold        (`read_floor REPS hold`: these cases only) the fp8 head-64
 //               shape with every thread waiting N SM cycles per tile, a
 //               stand-in for the tile's arithmetic, before the stage's release
@@ -36,11 +36,11 @@
 //               or after it (refilled first): how much a tile's compute time
 //               costs the pipeline, and how much releasing early would recover.
 //
-// Build and run (the CMake build compiles it as `jax_paged_read_floor` when
-// the CUDA module is built; or directly):
+// Build and run (CMake builds it as `jax_paged_read_floor` with
+// -DJAX_PAGED_DEV=ON; or directly):
 //
-//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -arch=sm_90 -Icuda \
-//       benchmarks/read_floor.cu -o read_floor && ./read_floor
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -arch=sm_90 -Icsrc \
+//       dev/read_floor.cu -o read_floor && ./read_floor
 //
 // Output: one line per case, µs per call and % of the same-run copy bandwidth
 // (a read-only kernel can exceed the copy figure, which mixes reads and

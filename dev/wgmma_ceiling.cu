@@ -1,14 +1,11 @@
 // How fast can warpgroup products (wgmma, sm_90a) do the arithmetic of a
 // q_len = 16, group-4 tile (64 query rows x 64 tokens, head 128, bf16) when
-// nothing waits for memory? The twenty-fifth session timed the grouped
-// kernel's own arithmetic alone (JAX_PAGED_PROBE_NO_LOADS): the mma.sync row
-// split took 263.7 us at 64 x 32 x 8 x 4096 (512 CTAs x 64 tiles), as long as
-// the whole decode step, and the thirteenth session's wgmma form 288.6 us.
-// Issue 6's q_len 16 goal needs arithmetic at least ~1.25x faster than the
-// row split's. This program times two candidate forms of the inner loop on the
+// nothing waits for memory? The grouped kernel's own arithmetic alone
+// (JAX_PAGED_PROBE_NO_LOADS) is the yardstick: the mma.sync row split at
+// 64 x 32 x 8 x 4096 (512 CTAs x 64 tiles) takes about as long as the whole
+// decode step. This program times candidate forms of the inner loop on the
 // same amount of work (512 items of 64 tiles, 68.7 GFLOP), with the pages
-// already in shared memory, laid out as the bulk copies of a next kernel would
-// leave them (BENCHMARKS.md, twenty-fifth session, "Notes for that kernel"):
+// already in shared memory, laid out as the kernel's bulk copies leave them:
 //
 //   K: a page's own layout [D/8][16][8], a K-major B operand without swizzle
 //      (core matrix 8 tokens x 16 bytes, LBO 256 bytes, SBO 128): Q.K as one
@@ -17,29 +14,26 @@
 //      with CU_TENSOR_MAP_SWIZZLE_32B writes): P.V as two m64n64k16 products
 //      per page (8 per tile).
 //
-// (Q.K also as m64n32k16 products across the tile's pages, as the thirteenth
-// session's form had it.) Each tile issues its Q.K together with the previous
-// tile's P.V, waits, then does the online softmax (base 2, fp32) and packs P
-// to bf16 in registers.
+// (Q.K also as m64n32k16 products across the tile's pages.) Each tile issues
+// its Q.K together with the previous tile's P.V, waits, then does the online
+// softmax (base 2, fp32) and packs P to bf16 in registers.
 //   form 1  one warpgroup per CTA (128 threads; two CTAs per SM overlap).
 //   form 2  two consumer warpgroups per CTA taking alternate tiles of the
 //           item, their product issues ordered by named barriers (one's
 //           products run while the other does its softmax: FlashAttention-3's
 //           ping-pong), merged exactly at the end through shared memory.
-//   form 1 with fp8 pages (thirty-fourth session): the stages hold e4m3 pages
-//           in the fp8 caches' layouts (K [D/16][16][16] bytes, V [D][16]); the
-//           warpgroup widens each tile once (exactly, to f16) into buffers laid
-//           out as form 1's 16-bit stages (two for K, three for V), fences them
-//           for the tensor cores and runs form 1's m64n32k16 products in f16
-//           (f16 query rows). Either at the start of each tile (widen, CTA
-//           barrier, products) or one tile ahead (tile t + 1 widened while tile
-//           t's products run). Issue 6's fp8 q_len 16 rows run the mma.sync row
-//           split, in which each of the four warps widens every K and V value
-//           of a tile for its own 16 rows; this asks whether widening once per
-//           CTA into shared memory for wgmma would do the arithmetic faster
-//           (the twenty-fourth session's fp8 shadow did that for mma.sync and
-//           was 1.15-1.37x slower).
-//   form 3 (thirty-fifth session) "swap A and B": S^T = K Q^T and O^T = V^T P^T,
+//   form 1 with fp8 pages: the stages hold e4m3 pages in the fp8 caches'
+//           layouts (K [D/16][16][16] bytes, V [D][16]); the warpgroup widens
+//           each tile once (exactly, to f16) into buffers laid out as form 1's
+//           16-bit stages (two for K, three for V), fences them for the tensor
+//           cores and runs form 1's m64n32k16 products in f16 (f16 query rows).
+//           Either at the start of each tile (widen, CTA barrier, products) or
+//           one tile ahead (tile t + 1 widened while tile t's products run).
+//           The kernel's fp8 row split widens every K and V value of a tile in
+//           each of its four warps, for its own 16 rows; this asks whether
+//           widening once per CTA into shared memory for wgmma would do the
+//           arithmetic faster.
+//   form 3  "swap A and B": S^T = K Q^T and O^T = V^T P^T,
 //           K and V the products' A operands from registers (ldmatrix of the
 //           pages as they are; fp8 pages widened in registers, each value once
 //           per CTA), Q^T and P^T the B operands in shared memory, m64n64k16
@@ -48,20 +42,20 @@
 //           P^T stored by stmatrix.trans. It asks whether fp8 q_len 16 can do
 //           its arithmetic without widening into shared memory (the rows above)
 //           and at n64 instead of n32.
-//   form 4 / 4b (thirty-seventh session): e4m3 products with the 16-bit operands
-//           split in two e4m3 terms (below); 4b's accuracy variants (thirty-eighth
-//           session) take the Q.K products in two chains or one at a time, and P.V
-//           fresh per tile, each added in fp32 (SplitLoop).
+//   form 4 / 4b: e4m3 products with the 16-bit operands split in two e4m3
+//           terms (below); 4b's accuracy variants take the Q.K products in two
+//           chains or one at a time, and P.V fresh per tile, each added in fp32
+//           (SplitLoop).
 // All are checked first against a float64 CPU computation (1, 2 and 5 tiles);
 // then the error over long chains (64 and 512 tiles, "chain" rows, measured and
 // not gated), with the split forms' lse error.
 //
-// Build and run (CMake builds it as jax_paged_wgmma_ceiling when the CUDA
-// module is built; or directly):
+// Build and run (CMake builds it as jax_paged_wgmma_ceiling with
+// -DJAX_PAGED_DEV=ON; or directly):
 //
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr \
-//       -gencode=arch=compute_90a,code=sm_90a -Icuda \
-//       benchmarks/wgmma_ceiling.cu -o wgmma_ceiling && ./wgmma_ceiling
+//       -gencode=arch=compute_90a,code=sm_90a -Icsrc \
+//       dev/wgmma_ceiling.cu -o wgmma_ceiling && ./wgmma_ceiling
 //
 // Output: the checks, then per form and Q.K shape the resident CTAs per SM, the
 // median of 20 timed launches (us) and the rate in TFLOP/s (4 * 64 * 128 flops
@@ -90,7 +84,99 @@ namespace {
 
 // The kernel library's helpers: SmemAddr, PackPair, the wgmma wrappers and descriptors.
 using namespace jax_paged::cuda::grouped;  // NOLINT(build/namespaces)
-using jax_paged::cuda::SplitE4m3x4;
+
+// ---- e4m3 operands and products (forms 4 / 4b only) --------------------------
+// A value the fp8 products take at about 16-bit precision is split into two e4m3
+// terms, v = hi + lo, both multiplied into the same accumulators: hi is v with its
+// mantissa cut to 3 bits (exact in e4m3 for |v| in [2^-6, 448]) and lo = v - hi
+// (exact in float, rounded to e4m3). hi + lo keeps about 8 significant bits (a
+// bf16 value exactly, given the range), and two e4m3 products take the time of
+// one 16-bit product.
+__device__ __forceinline__ float CutMantissa3(float v) {
+  return __uint_as_float(__float_as_uint(v) & 0xFFF00000u);
+}
+// Four floats as e4m3 bytes (byte i = v_i), rounded to nearest even, saturated.
+__device__ __forceinline__ uint32_t PackE4m3x4(float v0, float v1, float v2, float v3) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+__device__ __forceinline__ void SplitE4m3x4(const float (&v)[4], uint32_t& hi, uint32_t& lo) {
+  float h[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = CutMantissa3(v[i]);
+  hi = PackE4m3x4(h[0], h[1], h[2], h[3]);
+  lo = PackE4m3x4(v[0] - h[0], v[1] - h[1], v[2] - h[2], v[3] - h[3]);
+}
+
+// An 8-bit A fragment register from 16-bit-layout accumulators: lane tq of a quad
+// holds a page's tokens {2 tq, 2 tq + 1, 8 + 2 tq, 9 + 2 tq} (S's columns in two
+// 8-token n-tiles) as bytes 0-3 of `w`, and the 8-bit layout wants tokens 4 tq ..
+// 4 tq + 3: bytes 0, 1 (tq < 2) or 2, 3 (tq >= 2) of lanes 2 (tq & 1) and
+// 2 (tq & 1) + 1 of the quad. All 32 lanes call it.
+__device__ __forceinline__ uint32_t QuadGatherBytes(uint32_t w, int lane) {
+  const int tq = lane & 3;
+  const int src = lane - tq + 2 * (tq & 1);
+  const uint32_t x = __shfl_sync(0xffffffffu, w, src);
+  const uint32_t y = __shfl_sync(0xffffffffu, w, src + 1);
+  return __byte_perm(x, y, tq < 2 ? 0x5410u : 0x7632u);
+}
+
+// e4m3 x e4m3 -> f32 products, K = 32 (twice the 16-bit rate): A from registers
+// in the 8-bit layout (warp w's rows 16 w + gid and + 8; lane tq holds bytes
+// 4 tq .. 4 tq + 3 of each 16-element K half: registers (gid, k 0-15), (gid + 8,
+// k 0-15), (gid, k 16-31), (gid + 8, k 16-31)), B K-major from `desc` (fp8
+// operands have no transposed form). Accumulators as the 16-bit products'.
+#define CEIL_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+#define CEIL_TILE(C, d) C(d[0]), C(d[1]), C(d[2]), C(d[3])
+#define CEIL_RW(x) "+f"(x)
+#define CEIL_W(x) "=f"(x)
+// (d0..d3) (+)= a * B over 32 columns; kAccumulate false: = a * B.
+template <bool kAccumulate>
+__device__ __forceinline__ void WgmmaE4m3N32(float (&d0)[4], float (&d1)[4], float (&d2)[4],
+                                             float (&d3)[4], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+#if JAX_PAGED_WGMMA_DEVICE
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+               "{%16, %17, %18, %19}, %20, p, 1, 1;\n}"
+               : CEIL_TILE(CEIL_RW, d0), CEIL_TILE(CEIL_RW, d1), CEIL_TILE(CEIL_RW, d2),
+                 CEIL_TILE(CEIL_RW, d3)
+               : CEIL_A4(a), "l"(desc), "r"(kAccumulate ? 1 : 0));
+#else
+  __trap();
+#endif
+}
+// o[N0 .. N0 + 8) += a * B, 64 columns of B from `desc` (kAccumulate false: = a * B,
+// the old values unused).
+#define CEIL_N64(SCALE_D, C)                                                                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "                         \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "       \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+               "{%32, %33, %34, %35}, %36, " SCALE_D ", 1, 1;"                                 \
+               : CEIL_TILE(C, o[N0 + 0]), CEIL_TILE(C, o[N0 + 1]), CEIL_TILE(C, o[N0 + 2]),     \
+                 CEIL_TILE(C, o[N0 + 3]), CEIL_TILE(C, o[N0 + 4]), CEIL_TILE(C, o[N0 + 5]),     \
+                 CEIL_TILE(C, o[N0 + 6]), CEIL_TILE(C, o[N0 + 7])                              \
+               : CEIL_A4(a), "l"(desc))
+template <int N0, int kNT, bool kAccumulate = true>
+__device__ __forceinline__ void WgmmaE4m3AccN64(float (&o)[kNT][4], const uint32_t (&a)[4],
+                                                uint64_t desc) {
+  static_assert(N0 + 8 <= kNT, "n-tiles");
+#if JAX_PAGED_WGMMA_DEVICE
+  if constexpr (kAccumulate)
+    CEIL_N64("1", CEIL_RW);
+  else
+    CEIL_N64("0", CEIL_W);
+#else
+  __trap();
+#endif
+}
+#undef CEIL_N64
+#undef CEIL_W
+#undef CEIL_RW
+#undef CEIL_TILE
+#undef CEIL_A4
 using T = __nv_bfloat16;
 using Fp8 = __nv_fp8_e4m3;
 
@@ -228,7 +314,7 @@ __device__ __forceinline__ void WriteRows(const float (&o)[kNT][4], const float 
 // kWgs warpgroups per CTA (1: form 1; 2: form 2). One CTA per item: `tiles`
 // tiles, tile t from stage t % 2; warpgroup g takes tiles g, g + kWgs, ...
 // kN32: Q.K as m64n32k16 products over tokens 8 h..8 h + 7 of the tile's four
-// pages (SBO = a page; the thirteenth session's form), half as many products as
+// pages (SBO = a page), half as many products as
 // one m64n16k16 per page.
 // kFp8: 0 bf16 pages; 1 e4m3 pages widened at each tile's start; 2 widened one
 // tile ahead (form 1 with m64n32k16 only).
@@ -455,7 +541,7 @@ __global__ void __launch_bounds__(128 * kWgs, 3 - kWgs)
   WriteRows(o, l_run, o_out, row0, tq);
 }
 
-// Form 3 (thirty-fifth session): K and V as the products' A operands, from
+// Form 3: K and V as the products' A operands, from
 // registers ("swap A and B"): S^T = K Q^T and O^T = V^T P^T. The tile's 64
 // tokens are S^T's M rows (warp w: page w), the 64 query rows its N = 64
 // columns (one m64n64k16 per 16 dims, half as many Q.K products as form 1's
@@ -738,7 +824,7 @@ __global__ void __launch_bounds__(128, 2)
   }
 }
 
-// Form 4 (thirty-seventh session): fp8 products on the fp8 pages as they are.
+// Form 4: fp8 products on the fp8 pages as they are.
 // S = Q K^T and O += P V as wgmma m64nNk32 .e4m3.e4m3 products (twice the 16-bit
 // rate), nothing widened; each 16-bit operand (the query rows, P) is split into
 // two e4m3 terms, hi = its value with the mantissa cut to 3 bits (exact in e4m3)
@@ -760,11 +846,10 @@ __global__ void __launch_bounds__(128, 2)
 //   page: the next 16 tokens; SBO 128), two m64n64k32 per page pair and term.
 constexpr int kSplitSmemBytes = kStages * kFp8StageBytes;  // 32 KB
 
-// (The e4m3 products, WgmmaE4m3N32 / WgmmaE4m3AccN64, the operand split,
-// SplitE4m3x4, and the quad gather, QuadGatherBytes, are the kernel library's:
-// wgmma.cuh, dtypes.cuh, grouped_attention.cuh. Form 4b gathers P's A registers
-// across each lane quad instead of storing K's token rows permuted.)
-// Accuracy variants (thirty-eighth session; form 4b's arithmetic otherwise): the
+// (The e4m3 products, the operand split and the quad gather are defined at the top
+// of this file. Form 4b gathers P's A registers across each lane quad instead of
+// storing K's token rows permuted.)
+// Accuracy variants (form 4b's arithmetic otherwise): the
 // e4m3 tensor-core products accumulate with fewer bits than fp32 (about 14 on
 // Hopper, DeepSeek-V3's report), so the kernel's logits, one chain of 8 products
 // per S half, and its O, one chain over every tile, are less exact than the split
@@ -1264,13 +1349,10 @@ int main() {
   report("form 4b, Q.K fresh per product (waits), 100 KB:", gather_fresh, kTwoPerSm);
   report("form 4b, P.V fresh per tile, added in fp32, 100 KB:", gather_pv, kTwoPerSm);
   report("form 4b, two Q.K chains and P.V fresh per tile, 100 KB:", gather_both, kTwoPerSm);
-  std::printf("compare: the grouped kernel's arithmetic alone, same work (JAX_PAGED_PROBE_NO_LOADS,\n"
-              "64,32,8,4096 --q-len 16, per-sample averages): mma.sync row split 263.7 us, the\n"
-              "thirteenth session's wgmma form 288.6 us (twenty-fifth session), that form without its\n"
-              "in-place V swizzle 188.0 us (twenty-sixth session; BENCHMARKS.md; other runs); the fp8\n"
-              "row split's 262.7 us (--fp8-q-len 16, slope timing, thirty-fifth session); the fp8\n"
-              "rows against the bf16 row at 100 KB (both two CTAs per SM): what widening once per CTA\n"
-              "costs the wgmma arithmetic\n");
+  std::printf("compare: the grouped kernel's arithmetic alone on the same work (a build with\n"
+              "-DJAX_PAGED_PROBE_NO_LOADS=ON, 64,32,8,4096 --q-len 16 and --fp8-q-len 16; the\n"
+              "measured figures are in docs/development.md); the fp8 rows against the bf16 row at\n"
+              "100 KB (both two CTAs per SM): what widening once per CTA costs the wgmma arithmetic\n");
   FreeData(x);
   FreeData(x8);
   CUDA_OK(cudaFree(out));

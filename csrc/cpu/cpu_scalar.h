@@ -110,9 +110,8 @@ struct Fp8Format {
   }
 
   // The decoding table (256 entries), computed at compile time: a lookup has no
-  // initialisation guard to test (a function-local static table's guard, tested
-  // at every element of the conversion loops, cost the CPU kernel's fp8 decode
-  // step about a third of its time; BENCHMARKS.md, thirty-eighth session).
+  // initialisation guard to test (a function-local static table's guard would be
+  // tested at every element of the conversion loops).
   struct Table256 {
     float v[256];
   };

@@ -55,8 +55,7 @@ constexpr int RowStride(int head_size) { return RoundUpTo(head_size, kDimTile); 
 // Tokens [a, b) of one block's K ([D/x][B][x] as stored) into the chunk's
 // dim-major fp32 keys kd[d][t] (row stride kChunk, kd pointing at the block's
 // first token): contiguous loads, a store per element. Compiled for AVX-512 /
-// AVX2 too (cpu_tiles.h); the keys' conversion and transposition measured
-// 0.35 -> 0.18 ns per bf16 element with the loads contiguous and AVX-512.
+// AVX2 too (cpu_tiles.h).
 template <typename TC>
 JAX_PAGED_CPU_CLONES static void KeysToChunk(const TC* __restrict kb, int D, int B, int a, int b,
                                              float* __restrict kd) {
@@ -72,11 +71,9 @@ JAX_PAGED_CPU_CLONES static void KeysToChunk(const TC* __restrict kb, int D, int
 // Tokens [a, b) of one block's V ([D][B] as stored) into the chunk's
 // token-major fp32 values vt[t][d] (row stride `stride`, vt pointing at the
 // block's first token). 16-bit and f32 values go in 8 x 8 tiles (D is a
-// multiple of 8): 0.55 -> 0.29 ns per bf16 element against a token-by-token
-// copy (baseline x86-64; the AVX-512 form of either was no faster, so this is
-// not cloned). fp8 values, decoded through a table, stay token by token: the
-// tiles made an fp8 decode step 7% slower (and 5-9% with the compile-time table,
-// thirty-eighth session).
+// multiple of 8), baseline x86-64 (an AVX-512 form was no faster, so this is not
+// cloned). fp8 values, decoded through a table, stay token by token, which the
+// tiles did not beat.
 template <typename TC>
 void ValuesToChunk(const TC* __restrict vb, int D, int B, int a, int b, float* __restrict vt,
                    int stride) {

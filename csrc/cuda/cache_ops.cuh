@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kCacheThreads)
 }
 
 // Not inline (declared in launch.h): include this header in exactly one
-// translation unit (cuda/ffi/cuda_cache_ops.cu).
+// translation unit (instances/cache_ops.cu).
 cudaError_t LaunchCopyBlocks(const CopyBlocksParams& p, int elem_size, cudaStream_t stream) {
   const int64_t bytes = p.block_elems * elem_size;
   const bool vec16 = bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.key_cache) % 16 == 0 &&

@@ -207,30 +207,6 @@ __device__ __forceinline__ float DotAcc(const float (&a)[N], const float (&b)[N]
   return acc;
 }
 
-// ---- operands of e4m3 tensor-core products ----------------------------------
-// A value the fp8 products take at about 16-bit precision is split into two e4m3
-// terms, v = hi + lo, both multiplied into the same accumulators: hi is v with its
-// mantissa cut to 3 bits (exact in e4m3 for |v| in [2^-6, 448]) and lo = v - hi
-// (exact in float, rounded to e4m3). hi + lo keeps about 8 significant bits (a
-// bf16 value exactly, given the range), and two e4m3 products take the time of
-// one 16-bit product (benchmarks/wgmma_ceiling.cu, form 4).
-__device__ __forceinline__ float CutMantissa3(float v) {
-  return __uint_as_float(__float_as_uint(v) & 0xFFF00000u);
-}
-// Four floats as e4m3 bytes (byte i = v_i), rounded to nearest even, saturated.
-__device__ __forceinline__ uint32_t PackE4m3x4(float v0, float v1, float v2, float v3) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
-__device__ __forceinline__ void SplitE4m3x4(const float (&v)[4], uint32_t& hi, uint32_t& lo) {
-  float h[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = CutMantissa3(v[i]);
-  hi = PackE4m3x4(h[0], h[1], h[2], h[3]);
-  lo = PackE4m3x4(v[0] - h[0], v[1] - h[1], v[2] - h[2], v[3] - h[3]);
-}
-
 // ---- warp reductions ------------------------------------------------------
 // Butterfly reductions over the lanes that differ in the bits [LO, HI) of the
 // lane index; every participating lane ends with the result. All 32 lanes

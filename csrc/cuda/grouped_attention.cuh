@@ -44,17 +44,15 @@
 // 2^8 (lazy rescale, exact); one kernel per block size; each page is copied
 // once per 32 or 64 rows.
 // On compute capability 9.0 the 64-row CTAs of 16-bit caches at head sizes
-// 80-128 take their wgmma form (kWgmma, sm_90a code; JAX_PAGED_WGMMA=0 switches
-// it off): Q.K and P.V as warpgroup products (wgmma.cuh) reading K and V from
-// the stages in place (V's pages copied through a tensor map, v_map, that
+// 80-128 take their wgmma form (kWgmma, sm_90a code; KernelOptions::wgmma):
+// Q.K and P.V as warpgroup products (wgmma.cuh) reading K and V from the
+// stages in place (V's pages copied through a tensor map, v_map, that
 // swizzles them into P.V's operand layout), tile k + 1's Q.K overlapping tile
 // k's softmax, its query rows loaded from global memory straight into the A
 // fragments and its output written from the accumulators (no staging, no merge
-// buffer). (Persistent wgmma CTAs, walking many work items with the next item's
-// copies issued during the current one's last tiles, measured 0.3-3.4% slower
-// than one CTA per item: thirty-third session, BENCHMARKS.md.) A KV head of more
-// than 64 rows (kWarpgroups; the default since the forty-third session) takes CTAs of
-// 128 rows in two warpgroups over shared stages, so that it copies each page once.
+// buffer). A KV head of more than 64 rows (kWarpgroups; KernelOptions::wgmma_128)
+// takes CTAs of 128 rows in two warpgroups over shared stages, so that it copies
+// each page once.
 // Masked tokens (t >= L, invalid page, past the partition) get logit -inf;
 // their V is zeroed in registers (0 * NaN = NaN), their K never matters.
 // Each warp keeps its own running max / sum / output over its slices; the
@@ -74,12 +72,12 @@
 #include <cfloat>
 #include <climits>
 #include <cstdint>
-#include <cstdio>
 #include <type_traits>
 
 #include "cuda/dtypes.cuh"
 #include "cuda/grouped_launch.h"
 #include "cuda/launch.h"
+#include "cuda/options.h"
 #include "cuda/paged_attention.cuh"  // PagedAttentionReduceKernel, EnsureSmemOptin
 #include "params.h"
 #include "cuda/wgmma.cuh"
@@ -206,19 +204,6 @@ __device__ __forceinline__ void Mma1688(float (&c)[4], const uint32_t (&a)[2], u
   }
 }
 
-// An 8-bit A fragment register from 16-bit-layout accumulators: lane tq of a quad
-// holds a page's tokens {2 tq, 2 tq + 1, 8 + 2 tq, 9 + 2 tq} (S's columns in two
-// 8-token n-tiles) as bytes 0-3 of `w`, and the 8-bit layout wants tokens 4 tq ..
-// 4 tq + 3: bytes 0, 1 (tq < 2) or 2, 3 (tq >= 2) of lanes 2 (tq & 1) and
-// 2 (tq & 1) + 1 of the quad. All 32 lanes call it.
-__device__ __forceinline__ uint32_t QuadGatherBytes(uint32_t w, int lane) {
-  const int tq = lane & 3;
-  const int src = lane - tq + 2 * (tq & 1);
-  const uint32_t x = __shfl_sync(0xffffffffu, w, src);
-  const uint32_t y = __shfl_sync(0xffffffffu, w, src + 1);
-  return __byte_perm(x, y, tq < 2 ? 0x5410u : 0x7632u);
-}
-
 // Two floats rounded to T, packed (lo in the low half): P's A fragment.
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
@@ -245,8 +230,6 @@ __device__ __forceinline__ float Exp2Ftz(float x) {
 // tanhf's polynomial and branches. Absolute error ~1e-7 (e's relative error
 // ~2^-22 is absolute near x = 0, where 1 - e cancels), so a capped logit
 // cap * tanh(l / cap) moves by ~cap * 1e-7; tanh(+-inf) = +-1, NaN stays NaN.
-// (H200, seventh session: soft cap 30 at B=1 L=32768, 43.1 -> 42.1 us;
-// neutral on the other rows measured.)
 __device__ __forceinline__ float FastTanh(float x) {
   const float e = Exp2Ftz(-2.0f * kLog2e * fabsf(x));
   return copysignf(__fdividef(1.0f - e, 1.0f + e), x);
@@ -276,17 +259,8 @@ __device__ __forceinline__ float Dot4(const float4& a, const float4& b, float ac
 // byte permute per pair); e4m3 takes one hardware conversion per pair, whose
 // operand selects the register's upper half itself when written as below (a
 // C++ shift of the upper half cost one extra SHF per pair in the SASS).
-// (Widening to bf16 for bf16 queries took four conversions per pair, fp8 ->
-// f16 -> 2 x f32 -> bf16, and bound the fp8 path at ~50% of the bytes'
-// bandwidth at 16 conversions / clock / SM.)
-// (e4m3 by integer operations instead, each byte with its sign bit doubled shifted
-// into an f16 of 2^-8 times its value, 256 folded into the scales: a byte permute, an
-// AND, an add and a shift per pair, exact for every finite value. In the plain step
-// for K, V or both it measured no gain over the conversion on an H100: head 64
-// 99.1-102.5 us, B=1 L=32768 32.2-33.4, head 128 184.4-185.7, against the default's
-// 100.0-101.5, 32.8-33.3 and 176.7-186.9 over three runs that session (e5m2's byte
-// permutes ran 2.4% faster than e4m3 at head 64 in one of them); forty-fifth session,
-// BENCHMARKS.md; in the history at 41b3f3a.)
+// (bf16 products would need four conversions per pair, fp8 -> f16 -> 2 x f32 ->
+// bf16, which the conversion rate cannot feed: hence f16 products for every query.)
 template <typename TC>
 __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t four, uint32_t& lo, uint32_t& hi) {
   if constexpr (std::is_same_v<TC, __nv_fp8_e5m2>) {
@@ -338,8 +312,6 @@ __device__ __forceinline__ uint32_t Bf16PairToF16(uint32_t v, float scale) {
 
 // Four consecutive outputs as one store (8 bytes for 16-bit T, 16 for f32):
 // `dst` is aligned to four elements (out is 16-byte aligned, D % 8 == 0).
-// (H200, seventh session, against four 2-byte stores per thread: bf16
-// 64x32x8x4096 257.0 -> 255.4 us, head 256 499.9 -> 495.9 us, fp8 neutral.)
 template <typename T>
 __device__ __forceinline__ void StoreFour(T* dst, float4 v) {
   if constexpr (sizeof(T) == 4) {
@@ -381,11 +353,8 @@ struct QueryChunk {
 // tid, tid + kThreads, ... < kN of the rows, stored as store(i, load(i)), with the
 // loads of up to kBatch units issued before their stores, so that they share one
 // trip to memory instead of a run-time loop's one or two per unit. (The 16-bit and
-// f32 decode kernels keep their run-time loops: routing them through this helper
-// with the same lambdas changed the machine code of 166 decode kernels, which the
-// GPU suite and benchmarks had not run; twenty-eighth session. The fp8 decode
-// kernels stage QueryChunk units through it since the thirty-first session, which
-// ran their GPU tests and benchmark.)
+// f32 decode kernels keep their run-time loops; the fp8 decode kernels stage
+// QueryChunk units through it.)
 template <int kN, int kBatch, typename Load, typename Store>
 __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& store) {
   constexpr int kPerThread = (kN + kThreads - 1) / kThreads;
@@ -407,8 +376,8 @@ __device__ __forceinline__ void StageUnitsBatched(int tid, Load&& load, Store&& 
 }
 
 #ifdef JAX_PAGED_TRACE
-// Development builds only: per-CTA timeline for finding where a call's time
-// goes (scripts/trace_case.py). Row of CTA (x, y, z) = x + gridDim.x * (y +
+// Trace builds only (CMake -DJAX_PAGED_TRACE=ON): per-CTA timeline for finding
+// where a call's time goes (dev/trace_case.py). Row of CTA (x, y, z) = x + gridDim.x * (y +
 // gridDim.y * z): [entry, first stage arrived, last tile done, exit] in ns
 // of %globaltimer, then SM id, tiles, SM clock cycles from entry to the last
 // tile done and from there to the exit, then (ns) every warp's tiles done
@@ -458,9 +427,6 @@ __device__ __forceinline__ unsigned SmId() {
 // row of a CTA attends the same tokens, [0, L) or with a sliding window
 // [max(0, L - w), L), with logit = scale * q.k, so the per-row range test and
 // the ALiBi term leave the hot loop (the window's start is in the tile mask).
-// (One kernel with both paths ran up to 9% slower on plain decode on the H200,
-// e.g. 32x32x32x2048 270 us against 255 us; windows in the plain kernel, against
-// the general one: 1.2-9.1% faster, eighteenth session.)
 // kBlockSize: 0, the block size read from p at run time (16-bit and f32
 // caches); else it (8, 16 or 32, equal to p.block_size), a compile-time
 // constant (fp8 caches, see SelectGroupedKernel).
@@ -470,16 +436,15 @@ __device__ __forceinline__ unsigned SmId() {
 // query rows per CTA, warp w computing row block w / kSliceGroups over slices
 // w % kSliceGroups + j * kSliceGroups of each tile, all in one pass
 // (GroupedConfig); the epilogue merges the kSliceGroups partials of each row.
-// kWgmma: the row split's warpgroup-product form (wgmma.cuh; the default on
-// compute capability 9.0).
+// kWgmma: the row split's warpgroup-product form (wgmma.cuh; compute capability
+// 9.0, 16-bit caches).
 // kHalfRows (with kPlain): CTAs of at most 8 query rows (see below).
-// kWarpgroups (with kWgmma, 16-bit caches; the default, JAX_PAGED_WGMMA_128=0 turns
-// it off): 2 for CTAs of 128 rows, warpgroup g computing rows 64 g.. over the same
-// stages (warp w holds row block w), so that a KV head of 65-128 rows copies each page
-// once, not once per 64-row CTA; one CTA per SM.
-// kDeferPv (with two warpgroups; the default, JAX_PAGED_WGMMA_DEFER_PV=0 turns it
-// off): tile k's P.V is issued at the start of tile k + 1, so that it and tile k + 2's
-// Q.K both run while tile k + 1's softmax computes; each iteration ends with every
+// kWarpgroups (with kWgmma): 2 for CTAs of 128 rows, warpgroup g computing rows
+// 64 g.. over the same stages (warp w holds row block w), so that a KV head of
+// 65-128 rows copies each page once, not once per 64-row CTA; one CTA per SM.
+// kDeferPv (true with two warpgroups, false elsewhere): tile k's P.V is issued at
+// the start of tile k + 1, so that it and tile k + 2's Q.K both run while tile
+// k + 1's softmax computes; each iteration ends with every
 // product done (nothing in flight across the loop's back edge) and releases the stage
 // of the tile before.
 template <typename T, typename TC, int D, bool kPlain, int kBlockSize = 0, bool kCap = false,
@@ -535,18 +500,9 @@ __global__ void __launch_bounds__(
   long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
+  static_assert(!kWgmma || !kFp8, "wgmma: 16-bit caches of the query's dtype only");
   // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
   using TM = std::conditional_t<kFp8, __half, T>;
-  // The wgmma form on fp8 caches (development, JAX_PAGED_FP8_WGMMA=1; ceiling form 4b
-  // of benchmarks/wgmma_ceiling.cu): e4m3 products on the pages as they are, the query
-  // rows and P split into two e4m3 terms each (SplitE4m3x4), P's A registers gathered
-  // across each lane quad (QuadGatherBytes); K-major B operands without swizzle (K:
-  // core matrix 8 tokens x 16 dims; V: 8 dims x 16 tokens, LBO a page), so V comes by
-  // the bulk copies, not a tensor map.
-  constexpr bool kWgFp8 = kWgmma && kFp8;
-  static_assert(!kWgFp8 || (D % 32 == 0 && kBlockSize == 16 &&
-                            std::is_same_v<TC, __nv_fp8_e4m3> && std::is_same_v<T, __nv_bfloat16>),
-                "fp8 wgmma: e4m3 pages of 16 tokens, bf16 queries, head_size % 32 == 0");
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -691,7 +647,7 @@ __global__ void __launch_bounds__(
                            static_cast<uint32_t>(lane) * page_bytes;
       BulkCopyG2S(dst, key_cache + src, page_bytes, bar);
       const uint32_t dst_v = dst + C::kTileElems * sizeof(TC);
-      if constexpr (kWgmma && !kFp8) {
+      if constexpr (kWgmma) {
         // The V page as the box of rows (phys * num_kv_heads + kv_head) * D.. of
         // v_map ([rows][BS] with the products' swizzle, EncodeValueTensorMap):
         // it arrives in P.V's operand layout. (The launcher checks that the
@@ -715,17 +671,16 @@ __global__ void __launch_bounds__(
   int32_t last_first_entry = -1;  // warp 0, kQInStage: the last stage's first entry
   // kRegIO: the query rows straight into registers (below), so the last stage's
   // first copies need not wait for them, and the output written from registers:
-  // the wgmma form, and since the thirty-fourth session the fp8 64-row row split
-  // at two CTAs per SM (head sizes 80-128; one slice group: each warp holds whole
-  // rows; q_len 16 at head 128 1.02-1.19x faster, BENCHMARKS.md). The mma.sync
-  // form of 16-bit caches (JAX_PAGED_WGMMA=0, or a build without sm_90a) keeps the
-  // staging: with kRegIO it has not run on a GPU. (C::kQInRegs: the row split,
-  // not the wide one; fp8 caches and wgmma both have D % 16 == 0.)
+  // the wgmma form, and the fp8 64-row row split at two CTAs per SM (head sizes
+  // 80-128; one slice group: each warp holds whole rows). The mma.sync form of
+  // 16-bit caches (KernelOptions::wgmma off, or a build without sm_90a) keeps the
+  // staging. (C::kQInRegs: the row split, not the wide one; fp8 caches and wgmma
+  // both have D % 16 == 0.)
   constexpr bool kRegIO =
       kWgmma || (kFp8 && C::kQInRegs && C::kMergeSlices == 1 && C::kCtasPerSm <= 2);
   constexpr bool kQInStage = C::kQInStage && !kRegIO;
   // (Two warpgroups: the paths below that stage through shared memory assume 4 warps.)
-  static_assert(kWarpgroups == 1 || (kRegIO && kWgmma && !kFp8), "two warpgroups: kRegIO");
+  static_assert(kWarpgroups == 1 || (kRegIO && kWgmma), "two warpgroups: kRegIO");
   // (Deferred P.V: a stage is refilled a tile later, which the two warpgroups' six
   // stages allow: tile k + 1 was issued at the release of tile k + 1 - kStages.)
   static_assert(!kDeferPv || (kWarpgroups == 2 && kStages >= 4), "deferred P.V: 128-row CTAs");
@@ -763,10 +718,7 @@ __global__ void __launch_bounds__(
     // Straight from global memory into the fragments that ldmatrix would read from
     // staged rows (row block w = warp: rows gid and gid + 8 in registers 0, 2 and
     // 1, 3; k indices 16 ks + 2 tq, + 1 and + 8, + 9), zero past `rows`: no staging
-    // store, CTA barrier and ldmatrix, and no stage held for the rows (H200, q_len
-    // 16 at 512 tokens, with the epilogue from registers below: the wgmma form 330.9
-    // us against 366.9, thirty-third session; the fp8 e4m3 row split 371.2 against
-    // 439.3 and 442.6, thirty-fourth; BENCHMARKS.md).
+    // store, CTA barrier and ldmatrix, and no stage held for the rows.
     const int lr0 = (warp / C::kSliceGroups) * kMaxRows + (lane >> 2);
     const int tq4 = lane & 3;
 #pragma unroll
@@ -774,20 +726,7 @@ __global__ void __launch_bounds__(
       const int lr = lr0 + 8 * h;
       const bool ok = lr < rows;
       const T* row = static_cast<const T*>(p.query) + (ok ? hrow_of(lr) : 0) * D;
-      if constexpr (kWgFp8) {
-        // The 8-bit A layout, bf16 for now: k step s (32 dims), registers h (dims
-        // 32 s + 4 tq .. + 3) and h + 2 (dims 32 s + 16 + 4 tq ..); split below.
-        const uint2* src = reinterpret_cast<const uint2*>(row) + tq4;
-#pragma unroll
-        for (int s2 = 0; s2 < D / 32; ++s2) {
-          const uint2 a = ok ? src[8 * s2] : make_uint2(0u, 0u);
-          const uint2 b = ok ? src[8 * s2 + 4] : make_uint2(0u, 0u);
-          qa[2 * s2][h] = a.x;          // (bf16 pairs until the split)
-          qa[2 * s2][h + 2] = a.y;
-          qa[2 * s2 + 1][h] = b.x;
-          qa[2 * s2 + 1][h + 2] = b.y;
-        }
-      } else if constexpr (kFp8) {
+      if constexpr (kFp8) {
         // The permuted pairs (see above): k indices 2 tq, + 1 (logical pair tq) and
         // 2 tq + 8, + 9 (pair tq + 4) hold dims 16 ks + 4 tq .. + 3: one 8-byte load.
         const uint2* src = reinterpret_cast<const uint2*>(row) + tq4;
@@ -805,43 +744,7 @@ __global__ void __launch_bounds__(
           for (int c = 0; c < 2; ++c) qa[ks][h + 2 * c] = ok ? src[ks * 8 + 4 * c] : 0u;
       }
     }
-    if constexpr (kWgFp8) {
-      // The warp's rows times a power of two that puts their largest |q| in [128,
-      // 256) (e4m3's largest is 448; divided out of the logits), then each value as
-      // hi + lo e4m3 bytes: qa[2 s] the hi terms of k step s, qa[2 s + 1] the lo
-      // terms, each in the 8-bit A layout (register j: row gid + 8 (j & 1), dims
-      // 32 s + 16 (j >> 1) + 4 tq .. + 3).
-      const float amax = WarpBf16AbsMax(qa);
-      if (amax > 0.0f && amax <= FLT_MAX) {
-        int e = 0;
-        (void)frexpf(amax, &e);  // amax < 2^e
-        q_scale = ldexpf(1.0f, min(max(8 - e, -126), 126));
-      }
-      uint32_t qa_split[D / 16][4];  // the split terms, until qa takes them
-#pragma unroll
-      for (int s2 = 0; s2 < D / 32; ++s2)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          // Register j's four dims: pairs (j & 1) + 2 (j >> 1) of the loaded words:
-          // row r = j & 1, dims 16 (j >> 1) + 4 tq .. + 3 of step s2.
-          const int r = j & 1, half = j >> 1;
-          const uint32_t w0 = qa[2 * s2 + half][r], w1 = qa[2 * s2 + half][r + 2];
-          const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w0));
-          const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w1));
-          const float v[4] = {f0.x * q_scale, f0.y * q_scale, f1.x * q_scale, f1.y * q_scale};
-          uint32_t hi, lo;
-          SplitE4m3x4(v, hi, lo);
-          qa_split[s2][j] = hi;
-          qa_split[D / 32 + s2][j] = lo;
-        }
-#pragma unroll
-      for (int s2 = 0; s2 < D / 32; ++s2)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          qa[2 * s2][j] = qa_split[s2][j];
-          qa[2 * s2 + 1][j] = qa_split[D / 32 + s2][j];
-        }
-    } else if constexpr (kFp8 && std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kFp8 && std::is_same_v<T, __nv_bfloat16>) {
       // bf16 -> f16 times a power of two, as the staging below does, but from the
       // warp's own 16 rows (each warp's logits use only its own rows' scale).
       q_scale = F16QueryScale(WarpBf16AbsMax(qa));
@@ -854,10 +757,7 @@ __global__ void __launch_bounds__(
     // Pairs permuted within each 16-dim chunk (see above): logical pair j of
     // chunk c (dims 16c + 2j, +1) holds dims 16c + 4 (j & 3) + 2 (j >> 2), +1.
     // Staged per 16-dim chunk of a row (a unit: two 16-byte loads), so that a
-    // thread's loads are few and all in flight at once. (Until the thirty-first
-    // session each pair was its own 4-byte load, eight in flight per thread: the
-    // 64-row CTA's staging then took 9.0-9.3 us of its start against 3.5 for the
-    // 16-bit row split's, H200 trace at q_len 16, 512 x 32 x 8 x 512, e4m3.)
+    // thread's loads are few and all in flight at once.
     constexpr int kUnits = C::kRows * (D / 16);
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     // Unit i's first word in q_s (row i / (D / 16), chunk i % (D / 16)).
@@ -1000,9 +900,7 @@ __global__ void __launch_bounds__(
   for (int q = 0; q < 2 * kSub; ++q)
     pg[q] = (slice_tok + kSubStride * (q >> 1) + 8 * (q & 1)) >> log2_bs;
   const float k_scale = p.k_scale != nullptr ? p.k_scale[kv_head * p.k_scale_stride] : 1.0f;
-  float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
-  // (The fp8 wgmma form multiplies P by 256 before its split, and O by 1/256 here.)
-  if constexpr (kWgFp8) v_scale *= 1.0f / 256.0f;
+  const float v_scale = p.v_scale != nullptr ? p.v_scale[kv_head * p.v_scale_stride] : 1.0f;
   const float soft_cap = p.soft_cap;
   // Without a soft cap the logits are computed directly in log2 units; with
   // one, in natural units, capped, then converted.
@@ -1054,11 +952,10 @@ __global__ void __launch_bounds__(
 #pragma unroll
   for (int n = 0; n < C::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-  // Token (0..15 within the slice) of S fragment element s[nt][e].
-  // (The fp8 mma.sync path loads each lane's K tokens so that lane tq's columns are
-  // tokens 4 tq .. 4 tq + 3; the wgmma products read K as it lies: 16-bit columns.)
+  // Token (0..15 within the slice) of S fragment element s[nt][e]. (fp8 caches
+  // load each lane's K tokens so that lane tq's columns are tokens 4 tq .. 4 tq + 3.)
   auto token_of = [&](int nt, int e) -> int {
-    return kFp8 && !kWgmma ? 4 * tq + 2 * nt + (e & 1) : nt * 8 + 2 * tq + (e & 1);
+    return kFp8 ? 4 * tq + 2 * nt + (e & 1) : nt * 8 + 2 * tq + (e & 1);
   };
 
   // Shared-memory byte offsets (within a stage's K or V region) of this lane's
@@ -1067,8 +964,7 @@ __global__ void __launch_bounds__(
   // Row split: V row i of an ldmatrix matrix reads 8-token half VSwizzle(i) ^ (its
   // own); this lane's two V registers of a pair then come swapped (see below).
   // (The swap costs two SEL per register pair, 128 of the ~800 instructions of
-  // a warp's 64-token tile at 16-token pages; unswizzled, those pages' two-way
-  // conflicts measured 3% slower at q_len 16, H200, fourteenth session.)
+  // a warp's 64-token tile at 16-token pages, less than the conflicts it avoids.)
   auto VSwizzle = [&](int i) -> int {
     return BS == 16 ? (i >> 2) & 1 : (BS == 32 ? (i >> 1) & 1 : 0);
   };
@@ -1182,17 +1078,12 @@ __global__ void __launch_bounds__(
   // the product's four 8-token groups one stride apart: 128 bytes (a 32-token
   // page), or a page (8-token pages: pages 4s..4s+3; 16-token pages: tokens
   // 8s..8s+7 of each of the tile's four pages, so that product s holds n-tiles
-  // sw[0..3][s] instead of sw[2s..2s+1][0..1]). (16-column products, one per
-  // 16 tokens, measured no better: H200, q_len 16 at 64 x 32 x 8 x 4096, 390.0 us
-  // against 386.2 with these, before the Q.K overlap.) P.V: per 16 tokens
+  // sw[0..3][s] instead of sw[2s..2s+1][0..1]). P.V: per 16 tokens
   // and up to 64 dims, K-major (tokens) rows of the V page ([D][BS]), BS * 2 bytes
   // per dim: 8-token pages are that layout without swizzle (the next 8 tokens are
   // the next page); 16- and 32-token pages are it with 32- and 64-byte swizzle,
-  // which the V pages' tensor copies (issue, v_map) write. (Until the
-  // twenty-sixth session a bulk copy brought V unswizzled and the warpgroup
-  // swizzled it in place per tile: without that pass the form's arithmetic
-  // alone went from 288.6 to 188.0 us at q_len 16, 64 x 32 x 8 x 4096, and
-  // the mma.sync row split's is 263.4; H200, BENCHMARKS.md.)
+  // which the V pages' tensor copies (issue, v_map) write, so that no pass
+  // swizzles V in place.
   // wg_k_off / wg_v_off: byte offsets of tile tokens 16 h.. in a stage's K / V.
   // wg_k_off[s]: of Q.K product s's first token.
   uint32_t wg_k_off[2] = {}, wg_v_off[kSub] = {};
@@ -1208,9 +1099,9 @@ __global__ void __launch_bounds__(
     for (int sp = 0; sp < 2; ++sp)
       wg_k_off[sp] = Opaque(BS == 16 ? 128u * sp : static_cast<uint32_t>((32 * sp) >> log2_bs) * page_bytes);
     k_desc = SmemDescriptor(16u * BS, BS == 32 ? 128u : page_bytes, SmemSwizzle::kNone);
-    v_desc = BS == 8 || kFp8 ? SmemDescriptor(page_bytes, 128u, SmemSwizzle::kNone)
-                             : (BS == 16 ? SmemDescriptor(16u, 256u, SmemSwizzle::k32B)
-                                         : SmemDescriptor(16u, 512u, SmemSwizzle::k64B));
+    v_desc = BS == 8 ? SmemDescriptor(page_bytes, 128u, SmemSwizzle::kNone)
+                     : (BS == 16 ? SmemDescriptor(16u, 256u, SmemSwizzle::k32B)
+                                 : SmemDescriptor(16u, 512u, SmemSwizzle::k64B));
   }
   // V's tokens without data in stage st zeroed (P is 0 there, but 0 * NaN is NaN;
   // pages not copied hold a previous tile's or never-written bytes). The tensor copy
@@ -1223,21 +1114,6 @@ __global__ void __launch_bounds__(
   auto zero_v_without_data = [&](int st, Mask data_bits) {
     unsigned char* vrows =
         smem + static_cast<size_t>(st) * C::kStageBytes + C::kTileElems * sizeof(TC);
-    if constexpr (kFp8) {  // (16-token pages: a row is 16 bytes, unswizzled)
-      for (int r = tid; r < ppt * D; r += kCtaThreads) {
-        const int page = r / D;
-        const int d = r - page * D;
-        uint4* row = reinterpret_cast<uint4*>(vrows + page * page_elems + d * BS);
-        const uint32_t bits = static_cast<uint32_t>(data_bits >> (page * BS));
-        uint4 c = *row;
-        c.x &= ByteMask(bits & 0xFu);
-        c.y &= ByteMask((bits >> 4) & 0xFu);
-        c.z &= ByteMask((bits >> 8) & 0xFu);
-        c.w &= ByteMask((bits >> 12) & 0xFu);
-        *row = c;
-      }
-      return;
-    }
     const int chunks = BS >> 3;  // 16-byte chunks (8 tokens) per row
     for (int r = tid; r < ppt * D; r += kCtaThreads) {
       const int page = r / D;
@@ -1307,22 +1183,6 @@ __global__ void __launch_bounds__(
     if constexpr (kWgmma) {
       const uint32_t kb = stages_addr + static_cast<uint32_t>(st) * C::kStageBytes;
       WgmmaFence();  // (dst was read by ordinary instructions)
-      if constexpr (kFp8) {
-        // 32 dims (two 16-dim chunks of BS * 16 bytes) per step; qa[2 s] the query's
-        // hi terms, qa[2 s + 1] its lo terms (16-token pages: product sp = tokens
-        // 8 sp.. of each page).
-#pragma unroll
-        for (int s2 = 0; s2 < D / 32; ++s2)
-#pragma unroll
-          for (int sp = 0; sp < 2; ++sp) {
-            const uint64_t desc = WithStart(k_desc, kb + wg_k_off[sp] + s2 * 32u * BS);
-            if (s2 == 0)
-              WgmmaE4m3N32<false>(dst[0][sp], dst[1][sp], dst[2][sp], dst[3][sp], qa[0], desc);
-            else
-              WgmmaE4m3N32<true>(dst[0][sp], dst[1][sp], dst[2][sp], dst[3][sp], qa[2 * s2], desc);
-            WgmmaE4m3N32<true>(dst[0][sp], dst[1][sp], dst[2][sp], dst[3][sp], qa[2 * s2 + 1], desc);
-          }
-      } else {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
@@ -1339,7 +1199,6 @@ __global__ void __launch_bounds__(
           else
             WgmmaN32<TM, true>(t0, t1, t2, t3, qa[ks], desc);
         }
-      }
       WgmmaCommit();
     }
   };
@@ -1356,11 +1215,11 @@ __global__ void __launch_bounds__(
       }
     }
   };
-  // wgmma (16-bit caches): O (64 rows x D) += P V of a tile, P's A fragments pa, its
+  // wgmma: O (64 rows x D) += P V of a tile, P's A fragments pa, its
   // stage's V at vb; 16 tokens x up to 64 dims per product (V's tokens without data
   // were zeroed by zero_v_without_data).
   auto issue_pv = [&](const uint32_t (&pa)[kSub][4], uint32_t vb) {
-    if constexpr (kWgmma && !kFp8) {
+    if constexpr (kWgmma) {
       WgmmaFence();
 #pragma unroll
       for (int h = 0; h < kSub; ++h)
@@ -1557,8 +1416,7 @@ __global__ void __launch_bounds__(
       // row's range, and there is no ALiBi: no per-token test (the general one cost
       // ~20 integer instructions per logit, most of the row split's instructions).
       // kCapped: the soft cap, as a compile-time choice per tile (a run-time test
-      // per logit compiled to 32 branches per tile around each tanh: 8% of the
-      // row split's stall samples at q_len 16 without a cap, H200, fifteenth session).
+      // per logit compiled to 32 branches per tile around each tanh).
       auto logits = [&](auto kAllValid, auto kCapped) {
 #pragma unroll
         for (int h = 0; h < kSub; ++h)
@@ -1582,8 +1440,6 @@ __global__ void __launch_bounds__(
               } else {
                 if (((smask >> j) & 1u) && t >= r_start[r] && t < r_end[r]) {
                   l = fmaf(sw[h][nt][e], qk_scale, slope[r] * static_cast<float>(t - (r_end[r] - 1)));
-                  // (FastTanh, not tanhf; an earlier 1 - 2 / (exp(2x) + 1) form with
-                  // expf and an IEEE divide measured slower than tanhf.)
                   if constexpr (decltype(kCapped)::value) l = cap2 * FastTanh(l * cap_inv);
                 }
               }
@@ -1672,9 +1528,8 @@ __global__ void __launch_bounds__(
       if constexpr (kWgmma && !kDeferPv) WgmmaWaitAll();
       // alpha is exactly 1 for a row whose maximum did not grow (2^0): the
       // fp8 path, bound by instruction issue, skips the multiplies when no
-      // row of the warp needs them (H200, 64x32x8x4096 e4m3, with the static
-      // block size: 146.6 -> 139.6 us; on bf16 it measured neutral, +-1.5%), and
-      // so does the wgmma row split (the mma.sync one rescales lazily, above).
+      // row of the warp needs them, and so does the wgmma row split (the
+      // mma.sync one rescales lazily, above).
       if constexpr (kDeferPv) {
         pv_alpha[0] = alpha[0];  // (applied before this tile's P.V, at the next tile)
         pv_alpha[1] = alpha[1];
@@ -1726,42 +1581,7 @@ __global__ void __launch_bounds__(
         // last) test nothing per n-tile (a per-tile test cost 4 branch
         // instructions per n-tile in the fp8 SASS).
         const bool masked = smask != kFullMask;
-        if constexpr (kWgFp8) {
-          // O (64 rows x D) += 256 P V (the 1/256 is in v_scale): 256 P split into
-          // e4m3 hi + lo terms, each gathered into 8-bit A registers, page pair pp
-          // (sub-slices 2 pp, 2 pp + 1: K indices 0-15 and 16-31), register j: row
-          // gid + 8 (j & 1) of page 2 pp + (j >> 1); 32 tokens x 64 (or 32) dims per
-          // product, V's rows K-major with LBO a page. V's tokens without data were
-          // zeroed by zero_v_without_data.
-          uint32_t pa8[kSub / 2][2][4];  // [page pair][hi, lo][register]
-#pragma unroll
-          for (int pp = 0; pp < kSub / 2; ++pp)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const int h = 2 * pp + (j >> 1), r = j & 1;
-              // This lane's tokens {2 tq, 2 tq + 1, 8 + 2 tq, 9 + 2 tq} of page h.
-              const float v[4] = {256.0f * sw[h][0][2 * r], 256.0f * sw[h][0][2 * r + 1],
-                                  256.0f * sw[h][1][2 * r], 256.0f * sw[h][1][2 * r + 1]};
-              uint32_t hi, lo;
-              SplitE4m3x4(v, hi, lo);
-              pa8[pp][0][j] = QuadGatherBytes(hi, lane);
-              pa8[pp][1][j] = QuadGatherBytes(lo, lane);
-            }
-          WgmmaFence();
-#pragma unroll
-          for (int pp = 0; pp < kSub / 2; ++pp)
-#pragma unroll
-            for (int term = 0; term < 2; ++term) {
-              const uint32_t page = vbase + 2u * pp * page_bytes;
-              WgmmaE4m3AccN64<0>(o, pa8[pp][term], WithStart(v_desc, page));
-              if constexpr (D == 128)
-                WgmmaE4m3AccN64<8>(o, pa8[pp][term], WithStart(v_desc, page + 64u * BS));
-              else
-                WgmmaE4m3N32<true>(o[8], o[9], o[10], o[11], pa8[pp][term],
-                                   WithStart(v_desc, page + 64u * BS));
-            }
-          WgmmaCommit();
-        } else if constexpr (kWgmma) {
+        if constexpr (kWgmma) {
           issue_pv(paw, vbase);
         } else if constexpr (kFp8) {
           // b0 = tokens 4tq, 4tq+1, b1 = tokens 4tq+2, 4tq+3 (of sub-slice h)
@@ -1922,11 +1742,10 @@ __global__ void __launch_bounds__(
     // Every warp done with this stage: the decode kernels' last warp to release
     // it refills it at once, and nobody waits (a warp 0 that waited there for the
     // others, as the producer, was tied to the slowest warp). The row split keeps
-    // a CTA barrier per tile, warp 0 refilling: though 13% of its stall samples
-    // were that barrier's, it measured 2-3% faster at q_len 16 than either
-    // barrier-free release (H200, fifteenth session; its 64 rows' warps then run
-    // their products and softmax in step). So does the wgmma form (its warpgroup
-    // zeroes V's tokens without data in place between the products).
+    // a CTA barrier per tile, warp 0 refilling: its 64 rows' warps then run their
+    // products and softmax in step, which beat barrier-free releases. So does the
+    // wgmma form (its warpgroup zeroes V's tokens without data in place between
+    // the products).
     constexpr bool kCtaBarrier = kWgmma || kRowSplit;
     if (pending_stage >= 0) {  // the table entries of this warp's last refill
       if (lane < C::kMaxTilePages)
@@ -2081,8 +1900,7 @@ __global__ void __launch_bounds__(
   // Four consecutive dims per thread (D % 8 == 0): one 16-byte workspace store.
   constexpr int kQuads = D / 4;
   // Output quad i (row i / kQuads, dims 4 (i % kQuads)..+3). A macro, not a lambda:
-  // a lambda changed the scheduling of some kernels (twenty-seventh session), and
-  // this is the form the GPU suite ran (twenty-eighth session).
+  // a lambda changed the scheduling of some kernels.
 #define JAX_PAGED_WRITE_QUAD(i)                                                           \
   {                                                                                       \
     const int r = (i) / kQuads;                                                           \
@@ -2121,11 +1939,8 @@ __global__ void __launch_bounds__(
     // that their shared-memory loads, row divisions and stores overlap (the run-time
     // loop below makes them one dependent chain per quad), the weight read from row_s.
     // Not at four CTAs per SM: at their 128 registers the unrolled loop spilled
-    // (fp8 row split, head 64: 20 bytes in four kernels; twenty-seventh session).
-    // (Each quad's bounds check branches around its loads here. Issuing 8 quads'
-    // loads back to back before their stores measured no faster on the H200, so the
-    // ~3.5 us this loop takes per CTA at q_len 16 is not a chain of load latencies;
-    // twenty-ninth session, BENCHMARKS.md.)
+    // (fp8 row split, head 64: 20 bytes in four kernels). (Each quad's bounds check
+    // branches around its loads here.)
 #pragma unroll
     for (int step = 0; step < (C::kRows * kQuads + kCtaThreads - 1) / kCtaThreads; ++step) {
       const int i = tid + step * kCtaThreads;
@@ -2178,87 +1993,20 @@ GroupedInstance GroupedInstanceOf() {
           C::kCtaThreads};
 }
 
-// Whether the 64-row CTAs run their wgmma form: on compute capability 9.0, the
-// one its sm_90a machine code runs on, unless JAX_PAGED_WGMMA=0 (read once; for
-// A/B runs in one build). Since its V pages arrive swizzled by tensor copies it
-// is 3-9% faster than the mma.sync row split at q_len 16 (H200, six
-// configurations, e.g. 285.3 against 308.5 us at 64 x 32 x 8 x 4096; the GPU
-// suite passed with it; BENCHMARKS.md, twenty-sixth session). (Swizzling V in
-// place per tile, its thirteenth-session form was 11-20% slower.)
 // Compute capability 9.0 (H100, H200): the one the sm_90a machine code runs on.
 inline bool IsSm90(int device) {
   return ComputeCapabilityMajor(device) == 9 && ComputeCapabilityMinor(device) == 0;
 }
-inline bool WgmmaEnabled(int device) {
-  static const bool enabled = !EnvIs("JAX_PAGED_WGMMA", "0");
-  return enabled && IsSm90(device);
-}
+// Whether the 64-row CTAs run their wgmma form: on compute capability 9.0 unless
+// KernelOptions::wgmma is off.
+inline bool WgmmaEnabled(int device) { return GetKernelOptions().wgmma && IsSm90(device); }
 // Whether a KV head of more than 64 query rows takes the wgmma form's 128-row CTAs (two
 // warpgroups over shared stages, one CTA per SM; more than 128 rows in chunks of up to
-// 128) instead of 64-row ones that each copy every page: the default since the
-// forty-third session; JAX_PAGED_WGMMA_128=0 (read once) runs the 64-row CTAs. Measured
-// on the H200 (forty-first session, BENCHMARKS.md): the memory pipeline alone
-// (PROBE_NO_COMPUTE) at q_len 16, 128 x 64 x 8 x 2048, takes 279.1 us against 402.3 in
-// 64-row CTAs (each page into two SMs), but the whole call, with a CTA barrier per tile,
-// only 496.5 against 508.3-513.0: it is bound by its arithmetic. (Its warpgroups
-// releasing stages on their own instead, each with a named barrier and a count,
-// measured as fast to 6.8% slower; removed, in the history at 5580278.) (fp8 caches in
-// such CTAs, each stage's pages widened to f16 once into a second ring for both
-// warpgroups' f16 products, passed their GPU tests but measured 3.0-6.9% slower at
-// q_len 16 than the fp8 row split's 64-row CTAs, which widen in registers per 16 rows:
-// the widening adds to the CUDA-core work that bounds these CTAs; H100, forty-fourth
-// session, BENCHMARKS.md; removed, in the history at ad6dc60.)
-inline bool Wgmma128Enabled() {
-  static const bool enabled = !EnvIs("JAX_PAGED_WGMMA_128", "0");
-  return enabled;
-}
-// Whether those 128-row CTAs issue each tile's P.V at the next tile, so that it and the
-// Q.K after it both run over that tile's softmax (kDeferPv): the wgmma form's arithmetic
-// is what bounds group 8, and each warpgroup otherwise waits for its P.V with nothing to
-// do. The default since the forty-third session; JAX_PAGED_WGMMA_DEFER_PV=0 (read once)
-// gives the form with a CTA barrier per tile. Measured on H100s (forty-second and
-// forty-third sessions, BENCHMARKS.md): q_len 16 3.1-7.7% faster than the 64-row CTAs at
-// 80, 128 and 256 rows per KV head in three runs, though its arithmetic alone
-// (PROBE_NO_LOADS) is 5-11% slower than theirs; the GPU suite and memcheck passed with
-// it; on an H200 (forty-ninth session) 3.3% faster at group 8 (128 x 64 x 8 x 2048).
-// (Its warpgroups also taking turns at issuing their products, FlashAttention-3's
-// ping-pong, with stages released per warpgroup, measured 9-12% slower on an H100
-// (forty-third session); removed, in the history at 82c23fd.)
-inline bool WgmmaDeferPvEnabled() {
-  static const bool enabled = !EnvIs("JAX_PAGED_WGMMA_DEFER_PV", "0");
-  return enabled;
-}
-// Whether the launcher says once on stderr which 128-row form runs: when a switch asked
-// for the 128-row CTAs or another form than the default (read once).
-inline bool Wgmma128Notice() {
-  static const bool notice = EnvIs("JAX_PAGED_WGMMA_128", "1") || !WgmmaDeferPvEnabled();
-  return notice;
-}
-
-// Whether the fp8 64-row CTAs run their wgmma form (kWgmma with fp8 caches;
-// development: JAX_PAGED_FP8_WGMMA=1, read once; BENCHMARKS.md, thirty-seventh
-// session): on compute capability 9.0, for bf16 queries on e4m3 caches of 16-token
-// pages at head sizes 96 and 128 (WgmmaFp8RowSplitAvailable).
-inline bool Fp8WgmmaEnabled(int device) {
-  static const bool enabled = EnvIs("JAX_PAGED_FP8_WGMMA", "1");
-  return enabled && IsSm90(device);
-}
-// The longest partition (tokens per CTA) the fp8 wgmma form takes; longer ones run
-// the mma.sync row split. Its output accumulates every tile of a partition in the
-// e4m3 products' own accumulators, whose adds keep about 13 mantissa bits of the
-// running sum (an FP22 accumulator on Ada and Hopper, SageAttention2's measurement;
-// DeepSeek-V3's report; vLLM's FlashAttention fork flushes to fp32 for long contexts),
-// so its error grows with the partition: the ceiling's form 4b (the form's arithmetic,
-// benchmarks/wgmma_ceiling.cu) measured a relative error of 1.9e-3 over 5 tiles of 64
-// tokens, 1.2e-2 over 64 and 7.7e-2 over 512 (H100, thirty-ninth session); the kernel's
-// outputs 2.7e-3 at 1024 tokens and 4.5e-3 at 4096 on the benchmark's data (H200,
-// thirty-seventh session). 2048 tokens keeps it under about 7e-3 by the ceiling's growth.
-constexpr int kFp8WgmmaMaxPartitionTokens = 2048;
-template <typename T, typename TC, int D>
-constexpr bool WgmmaFp8RowSplitAvailable() {
-  return std::is_same_v<T, __nv_bfloat16> && std::is_same_v<TC, __nv_fp8_e4m3> &&
-         (D == 96 || D == 128);
-}
+// 128) instead of 64-row CTAs that each copy every page. Their arithmetic bounds them,
+// so each tile's P.V is issued at the next tile (kDeferPv): it and the Q.K after it
+// both run over that tile's softmax, where a warpgroup would otherwise wait for its
+// P.V with nothing to do.
+inline bool Wgmma128Enabled() { return GetKernelOptions().wgmma_128; }
 
 // The driver's cuTensorMapEncodeTiled, found once through the runtime (so that
 // nothing links libcuda); nullptr where the driver has none.
@@ -2315,18 +2063,14 @@ bool EncodeValueTensorMap(const PagedAttentionParams& p, CUtensorMap* map) {
 // The row split's 64-row kernel with wgmma (kWgmma), for 16-bit caches of the
 // query's dtype T and head sizes D % 16 == 0 (WgmmaRowSplitAvailable), one per
 // block size (its products' layouts, and the n-tiles they fill, depend on it).
-// Defined only in the sm_90a translation units (cuda/ffi/wgmma_grouped_*.cu,
+// Defined only in the sm_90a translation units (instances/wgmma_grouped_*.cu,
 // built when JAX_PAGED_HAVE_WGMMA), which instantiate it per head size.
 template <typename T, int D>
 GroupedInstance WgmmaRowSplitInstance(int block_size);
-// Its 128-row CTAs (two warpgroups; the default above 64 rows per KV head), in the same
-// translation units.
+// Its 128-row CTAs (two warpgroups, deferred P.V; above 64 rows per KV head), in the
+// same translation units.
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv);
-// Its fp8 form (WgmmaFp8RowSplitAvailable; 16-token pages), in
-// cuda/ffi/wgmma_grouped_fp8e4m3.cu.
-template <int D>
-GroupedInstance WgmmaFp8RowSplitInstance();
+GroupedInstance WgmmaRowSplit128Instance(int block_size);
 
 // Raises the shared-memory limit and the carveout hint of one kernel
 // instantiation, once per device.
@@ -2376,16 +2120,12 @@ GroupedInstance GroupedInstanceForBlockSize(int block_size) {
 // The plain step's kernel (with the soft cap of kCap). With the tensor cores
 // (16-bit queries) it takes its half-rows form (kHalfRows) when the call's CTAs
 // have at most 8 query rows: up to 8 query heads per KV head, as in most
-// grouped-query models; JAX_PAGED_HALF_ROWS=0 keeps the full-rows form (read
-// once, for A/B runs in one build). (H200, sixteenth session, against the
-// full-rows form over twelve configurations: decode -4.3% to +0.2%, fp8 e4m3
-// -4.2% to +0.1%, the soft cap -6.2% to +1.3%; BENCHMARKS.md.)
+// grouped-query models, unless KernelOptions::half_rows is off.
 template <typename T, typename TC, int D, bool kCap, int kFp8Ctas = 0>
 GroupedInstance PlainInstance(const PagedAttentionParams& p) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
   if constexpr (C::kMma) {
-    static const bool half_rows_enabled = !EnvIs("JAX_PAGED_HALF_ROWS", "0");
-    if (RowsPerKvHead(p) <= kMaxRows / 2 && half_rows_enabled)
+    if (RowsPerKvHead(p) <= kMaxRows / 2 && GetKernelOptions().half_rows)
       return GroupedInstanceForBlockSize<T, TC, D, true, kCap, 1, false, true, 1, false,
                                          kFp8Ctas>(p.block_size);
   }
@@ -2399,22 +2139,14 @@ GroupedInstance WgmmaRowSplitInstance(int block_size) {
   return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true>(block_size);
 }
 template <typename T, int D>
-GroupedInstance WgmmaRowSplit128Instance(int block_size, bool defer_pv) {
-  if (defer_pv)
-    return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size);
-  return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2>(block_size);
-}
-template <int D>
-GroupedInstance WgmmaFp8RowSplitInstance() {
-  return GroupedInstanceOf<__nv_bfloat16, __nv_fp8_e4m3, D, false, 16, false, 4, true>();
+GroupedInstance WgmmaRowSplit128Instance(int block_size) {
+  return GroupedInstanceForBlockSize<T, T, D, false, false, 4, true, false, 2, true>(block_size);
 }
 #endif
 
 // The kernel for a call: plain (see the kernel) or general. A plain step with
 // a soft cap has its own kernel with 16-bit caches of the query's dtype; fp8
-// and f32 caches run the general one (fewer instantiations). H200, ninth
-// session, soft cap 30 against the general kernel: -0.2..-0.9 us at B=1
-// L=32768 (41.6-41.7 us, 76.7-77.5% of copy), -0.1 to -1.3 us elsewhere.
+// and f32 caches run the general one (fewer instantiations).
 // v_map: the wgmma form's value-cache tensor map, encoded here when that form is chosen.
 // kFp8Ctas: WithGroupedLayout's CTAs per SM of the fp8 decode kernels (0: four).
 template <typename T, typename TC, int D, int kRowBlocks = 1, int kFp8Ctas = 0>
@@ -2422,51 +2154,13 @@ GroupedInstance SelectGroupedKernelOf(const PagedAttentionParams& p, int device,
                                       CUtensorMap* v_map) {
   using C = GroupedConfig<static_cast<int>(sizeof(T)), static_cast<int>(sizeof(TC)), D>;
 #ifdef JAX_PAGED_HAVE_WGMMA
-  if constexpr (kRowBlocks == 4 && WgmmaFp8RowSplitAvailable<T, TC, D>()) {
-    if (p.block_size == 16 && Fp8WgmmaEnabled(device)) {
-      if (p.partition_size <= kFp8WgmmaMaxPartitionTokens) {
-        // (Said once, so that a test or an A/B run can tell that the form ran.)
-        static std::atomic<bool> told{false};
-        if (!told.exchange(true))
-          std::fputs("jax_paged: JAX_PAGED_FP8_WGMMA=1: fp8 64-row CTAs on the wgmma form "
-                     "(development)\n",
-                     stderr);
-        return WgmmaFp8RowSplitInstance<D>();
-      }
-      static std::atomic<bool> told_long{false};
-      if (!told_long.exchange(true))
-        std::fprintf(stderr,
-                     "jax_paged: JAX_PAGED_FP8_WGMMA=1: partitions of %d tokens are longer than "
-                     "the fp8 wgmma form's %d (its output's error grows with the partition); "
-                     "running the mma.sync row split for them\n",
-                     p.partition_size, kFp8WgmmaMaxPartitionTokens);
-    }
-  }
   if constexpr (kRowBlocks == 4 && WgmmaRowSplitAvailable(sizeof(T), sizeof(TC), D)) {
-    if (WgmmaEnabled(device)) {
-      if (EncodeValueTensorMap<T, D>(p, v_map)) {
-        if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled()) {
-          const bool defer_pv = WgmmaDeferPvEnabled();
-          static std::atomic<bool> told{false};
-          if (Wgmma128Notice() && !told.exchange(true))
-            std::fprintf(stderr,
-                         "jax_paged: JAX_PAGED_WGMMA_128=1: 128-row wgmma CTAs (two warpgroups%s; "
-                         "%s)\n",
-                         defer_pv ? ", each P.V issued at the next tile" : "",
-                         defer_pv ? "the default" : "development");
-          return WgmmaRowSplit128Instance<T, D>(p.block_size, defer_pv);
-        }
-        return WgmmaRowSplitInstance<T, D>(p.block_size);
-      }
-      // Asked for by name (JAX_PAGED_WGMMA=1): say once why it does not run (the
-      // results are the same).
-      static std::atomic<bool> told{false};
-      if (EnvIs("JAX_PAGED_WGMMA", "1") && !told.exchange(true))
-        std::fputs("jax_paged: JAX_PAGED_WGMMA=1, but the value cache's tensor map could not be "
-                   "encoded (no driver encoder, a cache not 16-byte aligned, or more than "
-                   "2^31 - 1 rows of num_blocks * num_kv_heads * head_size); running the "
-                   "mma.sync row split\n",
-                   stderr);
+    // (Without a tensor map of the value cache, see EncodeValueTensorMap, the
+    // mma.sync row split runs: the same results.)
+    if (WgmmaEnabled(device) && EncodeValueTensorMap<T, D>(p, v_map)) {
+      if (RowsPerKvHead(p) > kRowBlocks * kMaxRows && Wgmma128Enabled())
+        return WgmmaRowSplit128Instance<T, D>(p.block_size);
+      return WgmmaRowSplitInstance<T, D>(p.block_size);
     }
   }
 #else
@@ -2537,19 +2231,14 @@ cudaError_t LaunchGroupedAttention(const PagedAttentionParams& p, int device,
 }  // namespace cuda
 }  // namespace jax_paged
 
-// The wgmma row-split kernel for one 16-bit dtype and head size (cuda/ffi/wgmma_grouped_*.cu).
+// The wgmma row-split kernels for one 16-bit dtype and head size (instances/wgmma_grouped_*.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA(T, H)                                   \
   template jax_paged::cuda::grouped::GroupedInstance                               \
   jax_paged::cuda::grouped::WgmmaRowSplitInstance<T, H>(int);                      \
   template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int, bool);
+  jax_paged::cuda::grouped::WgmmaRowSplit128Instance<T, H>(int);
 
-// The fp8 wgmma row-split kernel for one head size (cuda/ffi/wgmma_grouped_fp8e4m3.cu).
-#define JAX_PAGED_INSTANTIATE_GROUPED_WGMMA_FP8(H)                                  \
-  template jax_paged::cuda::grouped::GroupedInstance                               \
-  jax_paged::cuda::grouped::WgmmaFp8RowSplitInstance<H>();
-
-// Explicit instantiation for one dtype and head size (cuda/ffi/cuda_grouped_*.cu).
+// Explicit instantiation for one dtype and head size (instances/grouped_*.cu).
 #define JAX_PAGED_INSTANTIATE_GROUPED(T, TC, H)                                        \
   template cudaError_t jax_paged::cuda::grouped::LaunchGroupedAttention<T, TC, H>(     \
       const jax_paged::PagedAttentionParams&, int, cudaStream_t);

@@ -2,7 +2,7 @@
 // (impl="grouped"): its compile-time configuration (tile, pipeline depth,
 // shared-memory layout) and the launcher declaration. Framework-free; the
 // kernel itself is in grouped_attention.cuh, instantiated per dtype in
-// cuda/ffi/cuda_grouped_<dtype>.cu.
+// instances/grouped_<dtype>.cu.
 //
 // Contract: exactly paged_attention_v2's (params.h, paged_attention.cuh),
 // extensions included (fp8 caches with 16-bit queries, scales, soft cap,
@@ -19,11 +19,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "cuda/launch.h"
+#include "cuda/options.h"
 #include "params.h"
 
 namespace jax_paged {
@@ -36,21 +35,13 @@ constexpr int kMaxRows = 16;   // query heads per CTA: the M of mma.m16n8k16
 constexpr int kMinBlockSize = 8;
 constexpr int kMaxBlockSize = 32;
 
-// The row split at head sizes above 128 (the "wide" row split, nineteenth session;
-// the default since the twenty-first): 64-row CTAs, each warp all the dims of its
-// 16 rows, 32-token tiles, the query rows read from shared memory per product,
-// instead of 16-row CTAs that each read the KV head's pages.
+// The row split at head sizes above 128 (the "wide" row split): 64-row CTAs, each
+// warp all the dims of its 16 rows, 32-token tiles, the query rows read from shared
+// memory per product, instead of 16-row CTAs that each read the KV head's pages.
+// fp8 caches take it too (32-token tiles of 16 KB at head 256).
 constexpr bool WideRowSplitHead(int d) { return d > 128; }
-// (fp8 caches take it too: 32-token tiles of 16 KB at head 256, the f16-staged
-// query rows read from shared memory per product; twenty-second session: 16-row
-// CTAs, each reading and widening the KV head's pages, took 979.5 us at q_len 16,
-// head 256 on the H200, 3.6x the fp8 decode step, the row split 637.9;
-// BENCHMARKS.md.)
-// 32-row CTAs (two row blocks) exist at head sizes up to 128, for
-// 16-bit and fp8 caches alike; the wide row split has 64-row CTAs only. (fp8 caches
-// took them in the twenty-third session: at q_len 8, group 4 (32 rows per KV head),
-// 64 x 32 x 8 x 4096 e4m3 on the H200, head 128 229.5 against 252.8 us in two 16-row
-// CTAs, head 64 113.6 against 132.5 in one 64-row CTA; BENCHMARKS.md.)
+// 32-row CTAs (two row blocks) exist at head sizes up to 128, for 16-bit and fp8
+// caches alike; the wide row split has 64-row CTAs only.
 constexpr bool TwoRowBlocksAvailable(int d) { return !WideRowSplitHead(d); }
 
 // Whether a kernel's CTAs per SM vary per call (GroupedConfig's kFp8Ctas, chosen by
@@ -75,16 +66,14 @@ constexpr int Log2(int v) { return v > 1 ? 1 + Log2(v / 2) : 0; }  // of a power
 // each tile from slice w % kSliceGroups (in one pass), so that a KV head with more than 16 rows
 // (q_len * group > 16) reads each page once per 16 * kRowBlocks rows instead of
 // once per 16 (see SelectGroupedKernel). kRowBlocks == 1 is the decode kernel.
-// kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs, development): warpgroups
-// of 4 warps per CTA, each computing kRowBlocks * 16 rows over the same stages, so
-// that each page is copied once per 128 rows instead of once per 64 (one CTA per SM).
+// kWarpgroups (1, or 2 for the wgmma form's 128-row CTAs): warpgroups of 4 warps
+// per CTA, each computing kRowBlocks * 16 rows over the same stages, so that each
+// page is copied once per 128 rows instead of once per 64 (one CTA per SM).
 // kFp8Ctas: 0, or 2 for the fp8 decode kernels with 16 KB stages (head sizes up
 // to 128, Fp8CtasVaried), which then run two CTAs per SM with six stages instead of four with
 // three, the same ~200 KB of stages per SM: at B=1 half the partitions and
 // per-CTA fixed costs; at head 64, 64 x 8 items in two waves instead of one.
 // Which of the two a call runs is Fp8CtasFor's rule (few work items: two).
-// (Three CTAs of four stages, fifty-second session: B=1 unchanged, large
-// batches 16-18% slower; removed.)
 template <int QELEM, int CELEM, int D, int kRowBlocks = 1, int kWarpgroups = 1, int kFp8Ctas = 0>
 struct GroupedConfig {
   static constexpr bool kMma = QELEM == 2;
@@ -108,13 +97,8 @@ struct GroupedConfig {
   // 16-token sub-slices per warp slice: 2 for fp8 caches at head sizes <= 64
   // (a 32-token slice: its max shuffles, exponent of the rescale factor, O
   // rescale and loop overhead once per 32 tokens; that per-slice work weighs
-  // twice as much per byte at head 64 as at 128. H200, seventh session:
-  // 64x32x8x4096 head 64 e4m3, 82.0 -> 74.4 us at block 16, 102.0 -> 85.9
-  // at block 8), else 1.
-  // (The same 32-token slices for fp8 head sizes 80-128, with 32 KB stages at two
-  // CTAs per SM, measured no faster at B=1 L=32768 and 2-14% slower on large fp8
-  // batches: H200, eleventh session.)
-  // (The fp8 row split: its four 16-token slices per pass instead.)
+  // twice as much per byte at head 64 as at 128), else 1. (The fp8 row split:
+  // its four 16-token slices per pass instead.)
   static constexpr int kSubSlices = kFp8 && D <= 64 && !kRowSplit ? 2 : 1;
   // The wide row split (head sizes above 128, 64 rows): each warp walks 2 slices
   // per tile, not 4, so that a stage stays at 32 KB (32 tokens) at head 256.
@@ -155,7 +139,7 @@ struct GroupedConfig {
   // stage's first copy is issued, so they are staged in that stage, not in a
   // buffer of their own: at two or four CTAs per SM that leaves room for one more
   // stage at some head sizes (D = 64 with 64 rows: 3 stages instead of 2; D = 112:
-  // 4 instead of 3; a buffer of their own measured 1-3% slower at q_len 16, fifteenth session).
+  // 4 instead of 3).
   // (The wgmma form and the fp8 64-row row split at two CTAs per SM load them
   // straight into registers and stage nothing: the kernel's kRegIO.)
   static constexpr bool kQInStage = kQInRegs;
@@ -166,9 +150,7 @@ struct GroupedConfig {
   // head size 128), with ~48 KB of stages each; otherwise two, with ~100 KB
   // each (f32 queries at large head sizes fit only one); kFp8Ctas overrides the
   // four. Small stages leave a CTA little compute per byte, so more warps per SM hide
-  // its latencies (D=64 at two CTAs per SM: 77% of copy bandwidth on the
-  // H200). Either way 2..6 stages, ~200 KB in flight per SM. (Three CTAs
-  // per SM at D=64 made 512 CTAs 1.29 waves: 78%.)
+  // its latencies. Either way 2..6 stages, ~200 KB in flight per SM.
   // The row split's stages fill what its CTAs-per-SM target leaves beside its
   // larger query buffer (1 KB per CTA reserved, 512 bytes of masks, barriers,
   // release counters and table entries):
@@ -202,8 +184,7 @@ struct GroupedConfig {
   // The final cross-slice combine reuses the stage buffers:
   // [kMergeSlices][kRows][kObufStride] float. Rows of D floats would put the
   // eight rows of a warp's float2 stores in the same banks when D % 32 == 0
-  // (an 8-way conflict); D + 8 spreads them over all 32 banks (measured on
-  // the H200: B=1 L=32768 0.6 us, B=8 L=8192 1.5 us faster, see BENCHMARKS.md).
+  // (an 8-way conflict); D + 8 spreads them over all 32 banks.
   static constexpr int kObufStride = D + 8;
   static constexpr int kObufBytes = kMergeSlices * kRows * kObufStride * 4;
   // Each row's max, sum and output factor ([kRows][4] float) after the combine
@@ -220,8 +201,8 @@ struct GroupedConfig {
   static_assert(!kRowSplit || kCtasPerSm == kTargetCtasPerSm, "row split: stage budget");
 };
 
-// The stage counts the shared-memory budget above gives, as BENCHMARKS.md states
-// them (fifteenth session): a change of the budget that drops a stage fails here.
+// The stage counts and CTAs per SM the shared-memory budget above gives, which the
+// measured configurations rest on: a change of the budget that drops a stage fails here.
 static_assert(GroupedConfig<2, 2, 64, 4>::kStages == 3 && GroupedConfig<2, 2, 64, 4>::kCtasPerSm == 4,
               "row split: query rows in the last stage");
 static_assert(GroupedConfig<2, 2, 112, 4>::kStages == 4 &&
@@ -238,10 +219,10 @@ static_assert(GroupedConfig<2, 1, 128, 1, 1, 2>::kCtasPerSm == 2 &&
               "fp8 decode variants (kFp8Ctas): ~200 KB of stages per SM");
 static_assert(GroupedConfig<2, 2, 256, 4>::kTile == 32 && GroupedConfig<2, 2, 256, 4>::kStages == 2 &&
                   GroupedConfig<2, 2, 256, 4>::kCtasPerSm == 2 && GroupedConfig<2, 2, 192, 4>::kStages == 3,
-              "the wide row split (BENCHMARKS.md, nineteenth session)");
+              "the wide row split: 32-token tiles, two CTAs per SM");
 static_assert(GroupedConfig<2, 1, 128, 4>::kStages == 6 && GroupedConfig<2, 1, 128, 4>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 64, 4>::kStages == 6 && GroupedConfig<2, 1, 64, 4>::kCtasPerSm == 4,
-              "the fp8 row split (BENCHMARKS.md, nineteenth session)");
+              "the fp8 row split: six stages");
 static_assert(GroupedConfig<2, 2, 128, 4, 2>::kStages == 6 &&
                   GroupedConfig<2, 2, 128, 4, 2>::kCtasPerSm == 1 &&
                   GroupedConfig<2, 2, 128, 4, 2>::kRows == 128,
@@ -249,7 +230,7 @@ static_assert(GroupedConfig<2, 2, 128, 4, 2>::kStages == 6 &&
 static_assert(GroupedConfig<2, 1, 256, 4>::kTile == 32 && GroupedConfig<2, 1, 256, 4>::kStages == 4 &&
                   GroupedConfig<2, 1, 256, 4>::kCtasPerSm == 2 &&
                   GroupedConfig<2, 1, 192, 4>::kStages == 6 && GroupedConfig<2, 1, 192, 4>::kCtasPerSm == 2,
-              "the fp8 wide row split (BENCHMARKS.md, twenty-second session)");
+              "the fp8 wide row split: 32-token tiles, two CTAs per SM");
 
 // Whether the row split (GroupedConfig's kRowBlocks > 1) exists for queries of
 // qelem bytes: 16-bit queries (the tensor cores), with any cache dtype and head size.
@@ -258,23 +239,14 @@ constexpr bool RowSplitAvailable(int qelem) { return qelem == 2; }
 // Whether the row split's 64-row CTAs can run on the tensor cores' warpgroup
 // products (wgmma, grouped_attention.cuh's kWgmma): 16-bit caches of the query's
 // dtype, head_size % 16 == 0 (the Q.K products take 16 dims at a time), above 64.
-// (Head size 64 runs four CTAs per SM, 128 registers per thread: too few for the
-// second S tile that lets Q.K overlap the softmax, and without it the wgmma
-// kernel measured slower than mma.sync there, H200: 204.1 against 185.5 us at
-// 64 x 32 x 8 x 4096, q_len 16, thirteenth session, while it still swizzled V in
-// place. With V by tensor copies and those CTAs at two per SM, six 16 KB stages,
-// it was 20-34% slower still: 213.0 against 167.6 us there, 252.0 against 187.4
-// at 256 x 32 x 8 x 1024; development option, twenty-seventh session, removed.)
+// (Head size 64 runs four CTAs per SM at 128 registers per thread: too few for the
+// second S tile that lets Q.K overlap the softmax.)
 constexpr bool WgmmaRowSplitAvailable(int qelem, int celem, int d) {
   return RowSplitAvailable(qelem) && celem == 2 && !WideRowSplitHead(d) && d % 16 == 0 && d >= 80;
 }
 
-// The environment variable JAX_PAGED_ROW_SPLIT=0 switches the row split off (read
-// once): for A/B benchmarks in one build, and as an escape hatch.
-inline bool RowSplitEnabled() {
-  static const bool enabled = !EnvIs("JAX_PAGED_ROW_SPLIT", "0");
-  return enabled;
-}
+// KernelOptions::row_split switches the row split off.
+inline bool RowSplitEnabled() { return GetKernelOptions().row_split; }
 
 // Query rows of one KV head in a call: q_len * group (the grouped kernel's rows).
 inline int RowsPerKvHead(const PagedAttentionParams& p) {
@@ -285,9 +257,7 @@ inline int RowsPerKvHead(const PagedAttentionParams& p) {
 // max_num_partitions, or with a sliding window and a split at most the
 // partitions one CTA's rows can touch, the kernel counting them from the
 // partition of the rows' first token (so that the partitions before a window
-// cost no CTAs: on the H200 a 1024-token window over 32768-token sequences, 1
-// x 32 x 8, took 14.9 us where the same reads at L = 1024 took 9.1 us;
-// BENCHMARKS.md, seventeenth session). A CTA's rows span at most
+// cost no CTAs). A CTA's rows span at most
 // sliding_window + q_len - 1 tokens (the last row's window ends q_len - 1
 // tokens after the first's), which touch at most ceil(span / partition_size) + 1
 // partitions.
@@ -304,9 +274,8 @@ inline int GroupedGridPartitions(const PagedAttentionParams& p) {
 // runs: for multi-token queries (q_len > 1) with more than 16 rows per KV head,
 // where the row split is available and on, as few 16-row blocks as hold the
 // rows, up to 4; else 1. The one rule for the kernel choice (SelectGroupedKernel)
-// and the layout reported to Python (GroupedInfo). (Decode steps keep 16-row CTAs:
-// on the H200, 16 x 32 x 1 x 4096 (32 rows per KV head) took 23.5 us in 32-row CTAs
-// against 18.5 in 16-row ones; BENCHMARKS.md, eleventh session.)
+// and the layout reported to Python (GroupedInfo). (Decode steps keep 16-row CTAs,
+// which measured faster than 32-row ones there.)
 inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_head) {
   if (!RowSplitAvailable(qelem) || q_len <= 1 || rows_per_kv_head <= kMaxRows ||
       !RowSplitEnabled())
@@ -314,9 +283,7 @@ inline int RowBlocks(int qelem, int celem, int d, int q_len, int rows_per_kv_hea
   if (rows_per_kv_head <= 2 * kMaxRows) {
     if (TwoRowBlocksAvailable(d)) return 2;
     // fp8 caches with 17-32 rows per KV head at head sizes 192 and 256: two 16-row
-    // decode CTAs, faster than one 64-row CTA half idle (H200, 64 x 32 x 8 x 4096
-    // e4m3, q_len 8: at 192 426.5 against 514.6 us, at 256 531.6 against 611.6;
-    // BENCHMARKS.md, twenty-second session).
+    // decode CTAs, faster than one 64-row CTA half idle.
     if (celem == 1) return 1;
   }
   return 4;
@@ -345,24 +312,18 @@ auto WithRowBlocks(int q_len, int rows_per_kv_head, F&& f) {
 // share of a partition: a (sequence, KV head, 16 query rows). With at most 32 of
 // them four CTAs per SM cut partitions of ~512 tokens (16+ splits over 528 slots),
 // two cut ~1024: half the CTAs whose prologue, last tile and epilogue the call
-// pays, and a smaller merge. Measured (H100, head 128, BENCHMARKS.md fifty-third
-// session, two CTAs / four): 8 items (B=1, L=32768) 0.942 (third run of 0.94-0.95),
-// 16 items 1.000, 32 items 0.957; 64 items (8 x 8192) 1.015, 512 items 1.032, head
-// 64 at 512 items 1.066. Fifty-fourth session (another H100): 8 / 16 / 32 / 64 items
-// 0.948 / 0.969 / 0.945 / 1.008, and q_len 4 (16 rows per KV head, the same kernels)
-// 0.925 / 0.953 / 0.873 / 0.993. Not yet measured on the H200.
+// pays, and a smaller merge. Above 32 items four CTAs per SM are as fast or faster.
 constexpr int kFp8TwoCtasMaxWorkItems = 32;
 
 // The fp8 decode kernels' CTAs per SM (kFp8Ctas: 2, or 0 for the default four)
-// for a call of `work_items` work items (see kFp8TwoCtasMaxWorkItems). The
-// environment variable JAX_PAGED_FP8_CTAS=2 or =4 (read once) forces one form for
-// every call: for A/B runs in one build.
+// for a call of `work_items` work items (see kFp8TwoCtasMaxWorkItems).
+// KernelOptions::fp8_ctas (2 or 4) forces one form for every call.
 inline int Fp8CtasFor(int64_t work_items) {
-  static const int forced = EnvIs("JAX_PAGED_FP8_CTAS", "2")   ? 2
-                            : EnvIs("JAX_PAGED_FP8_CTAS", "4") ? 0
-                                                               : -1;  // the rule
-  if (forced >= 0) return forced;
-  return work_items <= kFp8TwoCtasMaxWorkItems ? 2 : 0;
+  switch (GetKernelOptions().fp8_ctas) {
+    case 2: return 2;
+    case 4: return 0;
+    default: return work_items <= kFp8TwoCtasMaxWorkItems ? 2 : 0;
+  }
 }
 
 // f(row_blocks, fp8_ctas), both std::integral_constant: WithRowBlocks's row blocks,

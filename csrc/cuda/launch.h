@@ -3,7 +3,7 @@
 //
 // The launcher templates are DECLARED here and DEFINED in
 // paged_attention.cuh / cache_ops.cuh; every (dtype, head size, block size)
-// combination is explicitly instantiated in one of the cuda/ffi/cuda_attn_*.cu
+// combination is explicitly instantiated in one of the instances/attn_*.cu
 // translation units, so that the handler TU compiles no kernels and the
 // expensive kernel instantiations build in parallel.
 #pragma once
@@ -13,27 +13,13 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
+#include "cuda/options.h"
 #include "params.h"
+#include "sizes.h"
 
-// ---- the supported compile-time sizes (the ONE list) ----------------------
-// Head sizes are split in two halves only to spread the instantiations over
-// translation units; the supported set is their union.
-// Each list calls X(ARGS..., size) per size, ARGS being the extra arguments.
-#define JAX_PAGED_HEAD_SIZES_A(X, ...) \
-  X(__VA_ARGS__, 64) X(__VA_ARGS__, 80) X(__VA_ARGS__, 96) X(__VA_ARGS__, 112)
-#define JAX_PAGED_HEAD_SIZES_B(X, ...) \
-  X(__VA_ARGS__, 120) X(__VA_ARGS__, 128) X(__VA_ARGS__, 192) X(__VA_ARGS__, 256)
-#define JAX_PAGED_HEAD_SIZES(X, ...) \
-  JAX_PAGED_HEAD_SIZES_A(X, __VA_ARGS__) JAX_PAGED_HEAD_SIZES_B(X, __VA_ARGS__)
-#define JAX_PAGED_BLOCK_SIZES(X, ...) X(__VA_ARGS__, 8) X(__VA_ARGS__, 16) X(__VA_ARGS__, 32)
-// fp8 caches (x = 16) need head_size % 16 == 0: every size above but 120.
-#define JAX_PAGED_FP8_HEAD_SIZES_A(X, ...) \
-  X(__VA_ARGS__, 64) X(__VA_ARGS__, 80) X(__VA_ARGS__, 96) X(__VA_ARGS__, 112)
-#define JAX_PAGED_FP8_HEAD_SIZES_B(X, ...) X(__VA_ARGS__, 128) X(__VA_ARGS__, 192) X(__VA_ARGS__, 256)
+// The supported compile-time sizes (JAX_PAGED_HEAD_SIZES, ...): sizes.h.
 
 namespace jax_paged {
 namespace cuda {
@@ -42,7 +28,7 @@ namespace cuda {
 // time from PagedAttentionParams::query_kind (float32, float16 or bfloat16).
 struct RuntimeFloat {};
 
-constexpr int kAttnThreads = 128;  // 4 warps per CTA, as in the seed
+constexpr int kAttnThreads = 128;  // 4 warps per CTA
 constexpr int kAttnWarps = kAttnThreads / 32;
 constexpr int kMaxGridYZ = 65535;  // CUDA limit on gridDim.y / gridDim.z
 
@@ -89,21 +75,11 @@ inline int ComputeCapabilityMinor(int device) {
   return CachedDeviceAttribute<cudaDevAttrComputeCapabilityMinor>(device);
 }
 
-// Whether the environment variable `name` is set to `value` (the run-time
-// development switches below and in grouped_*.h; each caller reads it once).
-inline bool EnvIs(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
-
 // Whether the V2 reduce is launched as a programmatic dependent of the
-// attention kernel (PDL, sm_90+; it then starts while that kernel drains). The
-// environment variable JAX_PAGED_PDL=0 turns it off (read once). (The attention
-// kernels themselves launched with PDL measured no faster: 2026-11-30, fifth
-// session, BENCHMARKS.md.)
+// attention kernel (PDL, sm_90+; it then starts while that kernel drains).
+// KernelOptions::pdl turns it off.
 inline bool UseProgrammaticLaunch(int device) {
-  static const bool enabled = !EnvIs("JAX_PAGED_PDL", "0");
-  return enabled && ComputeCapabilityMajor(device) >= 9;
+  return GetKernelOptions().pdl && ComputeCapabilityMajor(device) >= 9;
 }
 
 // Launches kernel<<<grid, block, smem_bytes, stream>>>(args...), as a

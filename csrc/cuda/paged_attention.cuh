@@ -1,5 +1,5 @@
 // PagedAttention V1 / V2 decode kernels and the V2 reduce kernel, after the
-// classic vLLM v0.6.0 design (see /work/shared/seed/BRIEF.md). Framework-free.
+// classic vLLM v0.6.0 design. Framework-free.
 //
 // Semantics (the contract shared with the CPU kernels and the Python
 // reference), per sequence s, query position qi (of q_len) and query head h:
@@ -379,12 +379,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 // merges them on its own, kChunk partitions at a time with a running maximum
 // (acc and sum rescaled when it grows): all loads of a chunk (every
 // partition's max and sum, the thread's tmp_out elements) are issued together,
-// with no shared memory or barrier. At B=1 L=32768 (33 partitions, grouped
-// kernel) a call measured 44.2 us with a reduce that first found the global
-// max and then merged through shared memory (about five dependent trips), 42.5
-// us with this one at 16 partitions per round; after the grouped kernel's
-// epilogue change, 42.3-42.5 us at 16 and 41.4 us at 40 (BENCHMARKS.md, fifth
-// session). T: the output dtype (or RuntimeFloat).
+// with no shared memory or barrier (a reduce that first finds the global max
+// and then merges through shared memory takes about five dependent trips).
+// T: the output dtype (or RuntimeFloat).
 //
 // Launched as a programmatic dependent of the attention kernel when the
 // device supports it (LaunchReduce): the CTAs may start before the attention
@@ -526,7 +523,7 @@ cudaError_t LaunchPagedAttention(const PagedAttentionParams& p, bool v2, size_t 
 }  // namespace jax_paged
 
 // Explicit instantiation of the launchers of one dtype for a list of head
-// sizes (used by the cuda/ffi/cuda_attn_*.cu translation units).
+// sizes (used by the instances/attn_*.cu translation units).
 #define JAX_PAGED_INSTANTIATE_ATTN_HB(T, TC, H, B)                                      \
   template cudaError_t jax_paged::cuda::LaunchPagedAttention<T, TC, H, B>(              \
       const jax_paged::PagedAttentionParams&, bool, size_t, int, cudaStream_t);

@@ -9,9 +9,9 @@
 // kernel's fragments (its S and O tiles, P as A) are those of its mma.sync
 // path, and only the products change.
 //
-// Used by the kWgmma kernels (on compute capability 9.0 unless JAX_PAGED_WGMMA=0).
+// Used by the kWgmma kernels (compute capability 9.0; KernelOptions::wgmma).
 // Compiled only where __CUDA_ARCH_FEAT_SM90_ALL is defined (the sm_90a
-// target, cuda/ffi/wgmma_grouped_*.cu); elsewhere the wrappers trap.
+// target, instances/wgmma_grouped_*.cu); elsewhere the wrappers trap.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -71,7 +71,7 @@ __device__ __forceinline__ void WgmmaWaitAll() {
 #define JAX_PAGED_WG_TILE_(C, d) C(d[0]), C(d[1]), C(d[2]), C(d[3])
 // o[N0 .. N0 + 8) (+)= a * B, one m64n64 product: SHAPE_TYPES its shape and operand
 // types ("k16.f32.bf16.bf16"), SCALE_D "1" (accumulate) or "0" (with C = W_), TAIL
-// the operands after the scale-d (16-bit: imm-scale-a, -b and tnspB; 8-bit: no tnspB).
+// the operands after the scale-d (imm-scale-a, -b and tnspB).
 #define JAX_PAGED_WG_N64_(SHAPE_TYPES, SCALE_D, TAIL, C)                                     \
   asm volatile("wgmma.mma_async.sync.aligned.m64n64" SHAPE_TYPES " "                         \
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
@@ -165,45 +165,6 @@ __device__ __forceinline__ void WgmmaAccAll(float (&o)[kNT][4], const uint32_t (
     WgmmaAcc<T, kN, N0, kNT>(o, a, desc_of(N0 * 8));
     WgmmaAccAll<T, N0 + kN / 8, kNT>(o, a, desc_of);
   }
-}
-
-// e4m3 x e4m3 -> f32 products, K = 32 (twice the 16-bit rate): A from registers
-// in the 8-bit layout (warp w's rows 16 w + gid and + 8; lane tq holds bytes
-// 4 tq .. 4 tq + 3 of each 16-element K half: registers (gid, k 0-15), (gid + 8,
-// k 0-15), (gid, k 16-31), (gid + 8, k 16-31)), B K-major from `desc` (fp8
-// operands have no transposed form). Accumulators as the 16-bit products'.
-// (d0..d3) (+)= a * B over 32 columns; kAccumulate false: = a * B.
-template <bool kAccumulate>
-__device__ __forceinline__ void WgmmaE4m3N32(float (&d0)[4], float (&d1)[4], float (&d2)[4],
-                                             float (&d3)[4], const uint32_t (&a)[4],
-                                             uint64_t desc) {
-#if JAX_PAGED_WGMMA_DEVICE
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-               "{%16, %17, %18, %19}, %20, p, 1, 1;\n}"
-               : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d1[0]), "+f"(d1[1]),
-                 "+f"(d1[2]), "+f"(d1[3]), "+f"(d2[0]), "+f"(d2[1]), "+f"(d2[2]), "+f"(d2[3]),
-                 "+f"(d3[0]), "+f"(d3[1]), "+f"(d3[2]), "+f"(d3[3])
-               : JAX_PAGED_WG_A4(a), "l"(desc), "r"(kAccumulate ? 1 : 0));
-#else
-  __trap();
-#endif
-}
-// o[N0 .. N0 + 8) += a * B, 64 columns of B from `desc` (kAccumulate false: = a * B,
-// the old values unused).
-template <int N0, int kNT, bool kAccumulate = true>
-__device__ __forceinline__ void WgmmaE4m3AccN64(float (&o)[kNT][4], const uint32_t (&a)[4],
-                                                uint64_t desc) {
-  static_assert(N0 + 8 <= kNT, "n-tiles");
-#if JAX_PAGED_WGMMA_DEVICE
-  if constexpr (kAccumulate)
-    JAX_PAGED_WG_N64_("k32.f32.e4m3.e4m3", "1", ", 1, 1", JAX_PAGED_WG_RW_);
-  else
-    JAX_PAGED_WG_N64_("k32.f32.e4m3.e4m3", "0", ", 1, 1", JAX_PAGED_WG_W_);
-#else
-  __trap();
-#endif
 }
 
 #undef JAX_PAGED_WG_N64_

@@ -1,4 +1,4 @@
-// Instantiations of the grouped decode kernel (kernels/grouped_attention.cuh)
+// Instantiations of the grouped decode kernel (cuda/grouped_attention.cuh)
 // for __half queries and caches, every supported head size (block size is a
 // run-time parameter).
 #include "cuda/grouped_attention.cuh"

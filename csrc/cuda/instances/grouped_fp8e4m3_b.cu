@@ -1,4 +1,4 @@
-// Instantiations of the grouped decode kernel (kernels/grouped_attention.cuh)
+// Instantiations of the grouped decode kernel (cuda/grouped_attention.cuh)
 // for __nv_fp8_e4m3 caches under float16 and bfloat16 queries, head sizes
 // JAX_PAGED_FP8_HEAD_SIZES_B; the other half of the fp8 head sizes,
 // JAX_PAGED_FP8_HEAD_SIZES_A (_a.cu), is a unit of its own so that the two

@@ -1,7 +1,7 @@
-// The grouped kernel's 64-row row-split CTAs on warpgroup products (wgmma,
-// kernels/wgmma.cuh) for __nv_bfloat16 queries and caches, head sizes 80-128 (% 16 == 0).
-// Built for sm_90a alone (CMakeLists.txt: JAX_PAGED_WGMMA); the launchers in
-// cuda_grouped_*.cu pick these on compute capability 9.0 unless JAX_PAGED_WGMMA=0
+// The grouped kernel's row-split CTAs on warpgroup products (wgmma,
+// cuda/wgmma.cuh) for __nv_bfloat16 queries and caches, head sizes 80-128 (% 16 == 0):
+// 64-row CTAs and 128-row ones. Built for sm_90a alone (CMakeLists.txt); the
+// launchers in instances/grouped_*.cu pick these on compute capability 9.0
 // (WgmmaEnabled).
 #define JAX_PAGED_WGMMA_TU 1
 #include "cuda/grouped_attention.cuh"

@@ -101,10 +101,10 @@ METHOD_TEXT = {
              "if the measured R samples last under 0.4x half the target, i.e. the probes ran slow: "
              "'probe_R' in the JSON is the probes' R): (time of 2R - time "
              "of R) / (R * calls_per_iteration), so that whatever a sample costs once (dispatch, "
-             "sync, setup of the loop; about 0.6-1.0 ms on the H200 by the twenty-fifth session's estimate) cancels "
+             "sync, setup of the loop; about 0.6-1.0 ms on the H200) cancels "
              "instead of being spread over the sample's calls; reported figure = median of --reps "
              "pairs, taken after compilation and a warm-up run of both loops ('average_per_call_s': "
-             "the 2R samples divided by their calls, the figure before the twenty-fifth session; "
+             "the 2R samples divided by their calls, which carries that cost; "
              "'fixed_per_sample_s': the cost that cancelled)."),
     "dispatch": ("dispatch: each sample dispatches N back-to-back calls of the jitted single call "
                  "(asynchronously, output fed back as the next query, rotating input sets) and "
@@ -301,11 +301,10 @@ def time_loop(step, carry0, sets, args) -> dict:
 
     short, long_ = measure_pairs(f, R)
     probe_R = R
-    # The probe's samples can run slow (a GPU still raising its clocks after idling: the
-    # thirty-fourth session's call 1 kept R = 2 for the copy, whose slope pairs then spread
-    # 739-1123 us and read the bandwidth 6-8% above the other runs'). If the measured short
-    # loop lasts well under what the probe accepted (half the target), size R again from
-    # it and measure once more.
+    # The probe's samples can run slow (a GPU still raising its clocks after idling), which
+    # leaves R too small and the slope pairs spread. If the measured short loop lasts well
+    # under what the probe accepted (half the target), size R again from it and measure
+    # once more.
     if statistics.median(short) < 0.4 * target:
         R_new = min(args.max_loop,
                     next_pow2(math.ceil(R * target / max(statistics.median(short), 1e-9))))
@@ -331,7 +330,7 @@ def time_loop(step, carry0, sets, args) -> dict:
 
 def sample_spread(samples: list[float]) -> float | None:
     """(slowest - fastest) / median of a row's timed samples: how far apart one run's
-    samples of the same call lie (up to 55% on rows of the forty-ninth session's table).
+    samples of the same call lie (tens of percent on some rows).
     Shown beside every row, so that a difference smaller than it is not read as a change."""
     if len(samples) < 2:
         return None
@@ -386,10 +385,9 @@ def _reference_args(args) -> argparse.Namespace:
     One call per loop iteration: XLA fuses unrolled increments into one pass, and a
     matrix product is long enough on its own. At least --ref-target-ms per long sample
     and --ref-reps pairs, whatever the rows take, since every row's fraction divides by
-    them: a copy call lasts ~1.4 ms on a 2 GiB array, so at --target-ms 10 its loop stayed
-    at R = 2, whose slope pairs (2 against 4 calls) spread by ~7% (forty-fifth session:
-    2.95-3.16 TB/s over four runs on one H100, while the same runs' bf16 rows moved
-    0.8-2.0%)."""
+    them: a copy call lasts ~1.4 ms on a 2 GiB array, so at --target-ms 10 its loop would
+    stay at R = 2, whose slope pairs (2 against 4 calls) spread several times more than
+    the rows' own."""
     return argparse.Namespace(**dict(vars(args), min_calls_per_iter=1,
                                      target_ms=max(args.target_ms, args.ref_target_ms),
                                      reps=max(args.reps, args.ref_reps)))
@@ -1150,7 +1148,7 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
                      + " (not the default kernels)")
     env = meta.get("jax_paged_environment") or {}
     if env:
-        lines.append("jax_paged run-time switches: "
+        lines.append("jax_paged environment: "
                      + " ".join(f"{k}={v}" for k, v in env.items()))
     pairs = method != "dispatch"  # the loop method's samples come in (R, 2R) pairs
     lines.append(f"device: {meta['device']} | jax {meta['jax_version']} | {meta['date']} | "
@@ -1390,7 +1388,7 @@ def main(argv=None) -> int:
         jax_paged_cuda_kernels=(jp.has_cuda_kernels() if hasattr(jp, "has_cuda_kernels") else None),
         # A probe's or a candidate's build must never pass for the default kernels.
         jax_paged_development_options=list(jp._native.cuda_development_options()),
-        # Run-time switches (JAX_PAGED_PDL, JAX_PAGED_ROW_SPLIT) change which kernels run.
+        # Development options (JAX_PAGED_DEV_OPTIONS) change which kernels run.
         jax_paged_environment={k: v for k, v in sorted(os.environ.items())
                                if k.startswith("JAX_PAGED_")},
         python=platform.python_version(),

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # One command for the GPU machine, from the repository root:
 #
-#     bash scripts/gpu_check.sh
+#     bash dev/gpu_check.sh
 #
 # Stages (each runs even when an earlier one failed; the exit status is non-zero
 # when any stage that ran failed, and 3 when ONLY_ON names another card, before any stage):
-#   1. install   python3 -m pip install --no-build-isolation --no-deps -e .   (builds the CUDA module)
+#   1. install   python3 -m pip install --no-build-isolation --no-deps -e .   (builds the CUDA module;
+#                the default build, -DJAX_PAGED_DEV=OFF, unless CMAKE_ARGS, CEILING or FLOOR
+#                asks for a development build)
 #   2. env       GPU name (nvidia-smi), jax version, jax.devices(), nvcc, jax_paged CUDA kernels
 #   3. tests     python3 -m pytest -q -k gpu tests   (the GPU cases; CPU cases run in CI), as
-#                TEST_JOBS concurrent shards (scripts/sharded_pytest.py; the suite is
-#                compile-bound: 7 min serially on the H200)
-#   4. sanitizer compute-sanitizer --tool memcheck over scripts/sanitizer_case.py
+#                TEST_JOBS concurrent shards (dev/sharded_pytest.py; the suite is
+#                compile-bound, so shards run side by side)
+#   4. sanitizer compute-sanitizer --tool memcheck over dev/sanitizer_case.py
 #   5. bench     benchmarks/bench_paged_attention.py (JSON + PNG)
 #   5b. decode   with DECODE_VARIANTS set: examples/generate.py once per variant
 #   6. summary   printed last, also written to summary.txt
@@ -23,18 +25,21 @@
 #                    bench.log bench.json bench.png summary.txt sources.sha256 (the test shards' own logs go
 #                    to out/test_shards/; tests.log has the end of any failed shard's log)
 #   PYTHON           interpreter (default python3)
-#   CMAKE_ARGS       for the install, after the development options' -D...=OFF (see the install
-#                    stage), e.g. CMAKE_ARGS="-DJAX_PAGED_PROBE_NO_LOADS=ON"
+#   CMAKE_ARGS       for the install, after -DJAX_PAGED_DEV=OFF (see the install stage); a
+#                    development build names -DJAX_PAGED_DEV=ON and its options (dev/CMakeLists.txt),
+#                    e.g. CMAKE_ARGS="-DJAX_PAGED_DEV=ON -DJAX_PAGED_PROBE_NO_LOADS=ON"
 #   SKIP_INSTALL=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   skip a stage
-#   CEILING=1        also run benchmarks/wgmma_ceiling.cu as the install built it (after the
-#                    env stage; output in ceiling.log)
-#   FLOOR="REPS [MODE]"  also run benchmarks/read_floor.cu as the install built it, with these
+#   CEILING=1        also run dev/wgmma_ceiling.cu as the install built it (after the env
+#                    stage; output in ceiling.log; the install then builds with
+#                    -DJAX_PAGED_DEV=ON, which compiles it; CEILING_BIN overrides the binary's path)
+#   FLOOR="REPS [MODE]"  also run dev/read_floor.cu as the install built it, with these
 #                    arguments (e.g. FLOOR="15 cluster"; after the env stage; output in
-#                    floor.log; FLOOR_BIN overrides the binary's path)
+#                    floor.log; -DJAX_PAGED_DEV=ON as for CEILING; FLOOR_BIN overrides the
+#                    binary's path)
 #   BENCH_ARGS       extra benchmark arguments, e.g. BENCH_ARGS="--config 16,40,8,4096 --reps 9"
 #   BENCH_ENVS       ';'-separated environment assignments: the bench stage runs once per
 #                    entry (stages bench_1, bench_2, ...; bench_<i>.json in OUT), e.g.
-#                    BENCH_ENVS="JAX_PAGED_PDL=reduce;JAX_PAGED_PDL=1"
+#                    BENCH_ENVS="JAX_PAGED_DEV_OPTIONS=pdl=1;JAX_PAGED_DEV_OPTIONS=pdl=0"
 #   PYTEST_ARGS      default "-q -k gpu" (the GPU cases; the CPU cases run in CI); split on spaces
 #   PYTEST_K         instead of PYTEST_ARGS: one -k expression, spaces allowed, e.g.
 #                    PYTEST_K="gpu and (multi_token or many_query_rows)"
@@ -43,8 +48,8 @@
 #   SANITIZER_TOOL   compute-sanitizer tool (default memcheck; racecheck / synccheck / initcheck
 #                    are slower: narrow the case with SANITIZER_CASE_ARGS; racecheck flags the
 #                    decode kernels' count-based stage release, which it cannot model: only a
-#                    hazard in a row-split kernel is a finding, see benchmarks/README.md)
-#   SANITIZER_CASE_ARGS  arguments of scripts/sanitizer_case.py, e.g.
+#                    hazard in a row-split kernel is a finding, see docs/development.md)
+#   SANITIZER_CASE_ARGS  arguments of dev/sanitizer_case.py, e.g.
 #                    "--impls grouped --head-sizes 256 --no-cache-ops"
 #   SANITIZER_RUNS   runs of the sanitizer stage at most, while compute-sanitizer itself crashes
 #                    (exit >= 128 with no summary line; default 5)
@@ -81,9 +86,8 @@ declare -A RESULT DETAIL SECONDS_TAKEN
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
 
 # Kills every process whose environment holds GPU_CHECK_STAGE=$1: what a stage left
-# running. (By environment, not by command line: `pkill -f examples/generate.py` also
-# killed a GPU test's own run of the example in a concurrent shard while a nested
-# gpu_check.sh's decode stage ended; thirty-seventh session.)
+# running. By environment, not by command line: a command-line match would also kill a
+# concurrent GPU test's own run of the same script.
 kill_stage_leftovers() {
   local env_file pid
   for env_file in /proc/[0-9]*/environ; do
@@ -124,10 +128,11 @@ skip_stage() {
   echo; echo "=== [$1] skipped ($2)"
 }
 
-# The sources that make the build, in a locale-independent order.
+# The sources that make the build (the development build's too), in a locale-independent order.
 source_files() {
-  find CMakeLists.txt pyproject.toml cuda jax_paged -type f \( -name '*.txt' -o -name '*.toml' \
-    -o -name '*.h' -o -name '*.cuh' -o -name '*.cu' -o -name '*.cc' -o -name '*.py' \) | LC_ALL=C sort
+  { find CMakeLists.txt pyproject.toml csrc jax_paged -type f \( -name '*.txt' -o -name '*.toml' \
+      -o -name '*.h' -o -name '*.cuh' -o -name '*.cu' -o -name '*.cc' -o -name '*.py' \)
+    find dev -maxdepth 1 -type f \( -name CMakeLists.txt -o -name '*.cu' \); } | LC_ALL=C sort
 }
 
 # The device tool copies the working tree, whose .git may lag behind it: the
@@ -155,14 +160,21 @@ if [ "${SKIP_INSTALL:-0}" = 1 ]; then
 else
   # Quiet on the terminal (the CUDA build is long); full build log in install.log.
   STAGES+=(install)
-  echo; echo "=== [install] $(now): $PY -m pip install --no-build-isolation --no-deps -e . -v"
+  # The default build compiles no development code: -DJAX_PAGED_DEV=OFF, explicitly, since a
+  # warm machine's build directory keeps a cached option until it is set again. A development
+  # build (CMAKE_ARGS asks for one, or CEILING / FLOOR, whose programs only it compiles)
+  # first switches every option of dev/CMakeLists.txt off, for the same reason; CMAKE_ARGS
+  # comes last (the last -D of a name wins).
+  DEV_ARGS=-DJAX_PAGED_DEV=OFF
+  if [ "${CEILING:-0}" = 1 ] || [ -n "${FLOOR:-}" ] ||
+     [[ "${CMAKE_ARGS:-}" =~ -DJAX_PAGED_DEV(:BOOL)?=(ON|on|1|TRUE|true|YES|yes)( |$) ]]; then
+    DEV_ARGS="-DJAX_PAGED_DEV=ON $(sed -nE 's/^ *option\((JAX_PAGED_[A-Z0-9_]+) .*/-D\1=OFF/p' \
+      dev/CMakeLists.txt | paste -sd' ')"
+  fi
+  INSTALL_CMAKE_ARGS="$DEV_ARGS${CMAKE_ARGS:+ $CMAKE_ARGS}"
+  echo; echo "=== [install] $(now): CMAKE_ARGS=\"$INSTALL_CMAKE_ARGS\" $PY -m pip install --no-build-isolation --no-deps -e . -v"
   t0=$SECONDS
-  # The development options (CMakeLists.txt's "(development)" options) OFF explicitly, then
-  # CMAKE_ARGS (the later -D wins): a warm machine's build directory keeps a cached option
-  # (e.g. a trace build's) until it is set again. (Until the forty-first session CMAKE_ARGS
-  # replaced these, so a probe build after another probe build kept both probes on.)
-  DEV_OFF=$(sed -nE 's/^ *option\((JAX_PAGED_[A-Z0-9_]+) .*\(development\).*/-D\1=OFF/p' CMakeLists.txt | paste -sd' ')
-  CMAKE_ARGS="$DEV_OFF ${CMAKE_ARGS:-}" \
+  CMAKE_ARGS="$INSTALL_CMAKE_ARGS" \
   timeout -k 15 "${INSTALL_TIMEOUT:-420}" "$PY" -m pip install --no-build-isolation --no-deps -e . -v \
     > "$OUTDIR/install.log" 2>&1
   rc=$?
@@ -200,14 +212,15 @@ except Exception as e:
 EOF
 } | tee -a "$SUMMARY"
 
-# A standalone program the install built (the newest build/*/NAME, or BIN when set), run
-# as stage STAGE (log OUT/STAGE.log) with ARGS; a missing binary fails the stage.
+# A development program the install built (the newest build/*/dev/NAME, or BIN when set),
+# run as stage STAGE (log OUT/STAGE.log) with ARGS; a missing binary fails the stage.
 run_built_program() {
   local stage=$1 name=$2 bin=$3 tmo=$4
   shift 4
-  [ -n "$bin" ] || bin=$(ls -t build/*/"$name" 2>/dev/null | head -n 1)
+  [ -n "$bin" ] || bin=$(ls -t build/*/dev/"$name" 2>/dev/null | head -n 1)
   if [ -z "$bin" ]; then
-    STAGES+=("$stage"); RESULT[$stage]="FAILED (build/*/$name not found)"
+    STAGES+=("$stage")
+    RESULT[$stage]="FAILED (build/*/dev/$name not found: it needs a -DJAX_PAGED_DEV=ON build)"
     echo; echo "=== [$stage] ${RESULT[$stage]}"
     return 1
   fi
@@ -218,18 +231,18 @@ run_built_program() {
 }
 
 # ---- 2b. the warpgroup-product ceiling (CEILING=1) --------------------------
-# benchmarks/wgmma_ceiling.cu as the install built it: a few seconds; its own checks,
-# then its timings (benchmarks/README.md).
+# dev/wgmma_ceiling.cu as the install built it: a few seconds; its own checks, then its
+# timings (docs/development.md).
 if [ "${CEILING:-0}" = 1 ]; then
-  run_built_program ceiling jax_paged_wgmma_ceiling "" "${CEILING_TIMEOUT:-120}"
+  run_built_program ceiling jax_paged_wgmma_ceiling "${CEILING_BIN:-}" "${CEILING_TIMEOUT:-120}"
   if [ -n "${DETAIL[ceiling]:-}" ]; then  # (it ran, passed or not)
     DETAIL[ceiling]+="; checks: $(grep -c ': ok$' "$OUTDIR/ceiling.log") ok, $(grep -c 'WRONG$' "$OUTDIR/ceiling.log") wrong"
   fi
 fi
 
 # ---- 2c. the bare paged read's floor (FLOOR="REPS [MODE]") -------------------
-# benchmarks/read_floor.cu as the install built it, FLOOR's words as its arguments:
-# seconds to a few minutes (benchmarks/README.md).
+# dev/read_floor.cu as the install built it, FLOOR's words as its arguments: seconds to
+# a few minutes (docs/development.md).
 if [ -n "${FLOOR:-}" ]; then
   # shellcheck disable=SC2086  # FLOOR is a list of arguments
   run_built_program floor jax_paged_read_floor "${FLOOR_BIN:-}" "${FLOOR_TIMEOUT:-300}" $FLOOR
@@ -243,7 +256,7 @@ else
   # shellcheck disable=SC2206
   if [ -n "${PYTEST_K:-}" ]; then PT_ARGS=(-q -k "$PYTEST_K"); else PT_ARGS=(${PYTEST_ARGS:--q -k gpu}); fi
   if [ "${TEST_JOBS:-4}" -gt 1 ]; then
-    run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" scripts/sharded_pytest.py \
+    run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" dev/sharded_pytest.py \
       --jobs "${TEST_JOBS:-4}" --log-dir "$ROOT/out/test_shards" -- "${PT_ARGS[@]}" tests
   else
     run_stage tests "$OUTDIR/tests.log" "${TESTS_TIMEOUT:-540}" "$PY" -m pytest "${PT_ARGS[@]}" tests
@@ -288,7 +301,7 @@ else
       XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0" \
       run_stage sanitizer "$OUTDIR/sanitizer.log" "${SANITIZER_TIMEOUT:-240}" \
         "$SAN" --tool "$SAN_TOOL" --target-processes all --error-exitcode 3 --print-limit 100 \
-        ${SANITIZER_ARGS:---report-api-errors no} "$PY" scripts/sanitizer_case.py ${SANITIZER_CASE_ARGS:-}
+        ${SANITIZER_ARGS:---report-api-errors no} "$PY" dev/sanitizer_case.py ${SANITIZER_CASE_ARGS:-}
     }
     run_sanitizer
     san_rc=$?
@@ -296,12 +309,9 @@ else
     # memcheck / synccheck / initcheck end with "ERROR SUMMARY: N errors", racecheck with
     # "RACECHECK SUMMARY: N hazards displayed".
     summary_re="(ERROR|RACECHECK) SUMMARY"
-    # compute-sanitizer itself sometimes dies of a segfault (exit 139, no summary line;
-    # twelfth session: twice on fresh H200 machines, dmesg naming the compute-sanitizer
-    # binary; thirty-fifth session: twice in a row, then once more in the next call;
-    # fifty-fourth: three times in a row on an H100, the fourth run went through): run
-    # it again, up to SANITIZER_RUNS runs in all (default 5; a crash comes within seconds),
-    # and say so, keeping each crashed run's log.
+    # compute-sanitizer itself sometimes dies of a segfault (exit 139, no summary line, up
+    # to several times in a row): run it again, up to SANITIZER_RUNS runs in all (default 5;
+    # a crash comes within seconds), and say so, keeping each crashed run's log.
     runs=1
     while [ "$san_rc" -ge 128 ] && ! grep -qE "$summary_re" "$OUTDIR/sanitizer.log" &&
           [ "$runs" -lt "${SANITIZER_RUNS:-5}" ]; do
@@ -389,8 +399,8 @@ for s in "${STAGES[@]}"; do case ${RESULT[$s]} in FAILED*) FAILED=1 ;; esac; don
 } | tee -a "$SUMMARY"
 
 # ---- 7. bundle (BUNDLE=1) ----------------------------------------------------
-# The device tool brings back a few files of OUT only (eight: a fifth bench JSON was
-# lost so in the forty-third session): everything but the summary into one archive.
+# The device tool brings back only a few files of OUT: everything but the summary into
+# one archive.
 if [ "${BUNDLE:-0}" = 1 ]; then
   (cd "$OUTDIR" && find . -maxdepth 1 -type f ! -name summary.txt ! -name bundle.tar.gz -printf '%f\n' \
     | LC_ALL=C sort > .bundle_list && tar -czf bundle.tar.gz -T .bundle_list \

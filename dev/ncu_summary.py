@@ -2,10 +2,10 @@
 """Sums an ncu source page (per SASS instruction) per opcode and per stall reason.
 
 Reads what `ncu --import R.ncu-rep --page source --csv --print-source sass` printed
-(scripts/ncu_case.sh writes it as source_<name>.csv) and needs no ncu, so the
+(dev/ncu_case.sh writes it as source_<name>.csv) and needs no ncu, so the
 device machine's profiles can be read here:
 
-    python3 scripts/ncu_summary.py out/ncu/source_q16_512.csv [--top 20]
+    python3 dev/ncu_summary.py out/ncu/source_q16_512.csv [--top 20]
 
 A file holds one table per profiled kernel launch (each starting with its own
 header row). For each table it prints the stall samples (the column "Warp Stall

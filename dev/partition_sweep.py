@@ -9,7 +9,7 @@ samples, the benchmark's data), each output checked against the float32
 ground truth. It answers "would more (or fewer) partitions be faster here?"
 without rebuilding anything.
 
-    python3 scripts/partition_sweep.py --config 1,32,8,32768 --kv bf16,fp8e4m3 \
+    python3 dev/partition_sweep.py --config 1,32,8,32768 --kv bf16,fp8e4m3 \
         --sizes 128,256,512,1024,2048
 
 `auto` in --sizes is the library's own choice. The same-run copy bandwidth is

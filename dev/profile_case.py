@@ -9,7 +9,7 @@ bytes as K and V (the reference rate under the same profiler). Prints nothing
 the profiler needs; it exists so that kernel durations (gpu__time_duration) can
 be read without any loop or dispatch overhead around them.
 
-    ncu --clock-control none --metrics gpu__time_duration.sum python3 scripts/profile_case.py \
+    ncu --clock-control none --metrics gpu__time_duration.sum python3 dev/profile_case.py \
         --config 1,32,8,32768
 
 With `--kv bf16,fp8e4m3` each implementation also runs on an fp8 copy of the
@@ -18,7 +18,7 @@ the grouped kernel's issue and pipe statistics on bf16 and fp8 caches:
 
     ncu --clock-control none --kernel-name regex:GroupedAttentionKernel \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-        python3 scripts/profile_case.py --config 64,32,8,4096 --impls grouped --kv bf16,fp8e4m3
+        python3 dev/profile_case.py --config 64,32,8,4096 --impls grouped --kv bf16,fp8e4m3
 
 `--q-len 1,16` runs each case with one and with 16 new query tokens per sequence
 (the row-split kernel of multi-token queries against the decode step).

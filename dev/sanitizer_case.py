@@ -9,15 +9,15 @@ reshape_and_cache (with skipped and out-of-range slots, caches donated) and
 copy_blocks (with out-of-range pairs, caches donated), each against
 jax_paged.reference. Small inputs: under the sanitizer every launch is slow.
 
-    compute-sanitizer --tool memcheck --target-processes all python3 scripts/sanitizer_case.py
+    compute-sanitizer --tool memcheck --target-processes all python3 dev/sanitizer_case.py
 
 --impls / --head-sizes / --no-cache-ops narrow it to some kernels, for the slower tools:
 e.g. racecheck (shared-memory hazards) of the grouped kernel at head size 256 only:
 
-    compute-sanitizer --tool racecheck python3 scripts/sanitizer_case.py --impls grouped \
+    compute-sanitizer --tool racecheck python3 dev/sanitizer_case.py --impls grouped \
         --head-sizes 256 --no-cache-ops
 
-Run it with XLA_PYTHON_CLIENT_ALLOCATOR=platform (scripts/gpu_check.sh does): then
+Run it with XLA_PYTHON_CLIENT_ALLOCATOR=platform (dev/gpu_check.sh does): then
 every XLA buffer is its own cudaMalloc, so memcheck sees an access past a buffer's end
 instead of landing silently in XLA's memory pool.
 
@@ -62,7 +62,8 @@ ATTENTION_CASES = [
     ("float16", 96, 16, 32, 2, [1, 40, 530], False),
     # Group 48 at head 128: q_len 3 gives 144 rows per KV head: on compute capability
     # 9.0 a 128-row CTA of two warpgroups and a chunk of 16 rows (the default), or
-    # under JAX_PAGED_WGMMA_128=0 three 64-row CTAs; 2100 tokens split into partitions.
+    # under JAX_PAGED_DEV_OPTIONS=wgmma_128=0 three 64-row CTAs; 2100 tokens split into
+    # partitions.
     ("bfloat16", 128, 16, 48, 1, [1, 40, 2100], False),
 ]
 

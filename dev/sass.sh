@@ -4,17 +4,17 @@
 #   OUTDIR/<unit>.resources.txt   ptxas's per-kernel registers, stack frame and spills
 #   OUTDIR/<unit>.sass            the disassembly (cuobjdump -sass)
 # and prints the kernels that spill. No FFI headers are needed (the units under
-# cuda/ffi/ that hold the kernels' instantiations compile on their own).
+# csrc/cuda/instances/ that hold the kernels' instantiations compile on their own).
 #
-#     bash scripts/sass.sh cuda/ffi/wgmma_grouped_bf16.cu [OUTDIR]
+#     bash dev/sass.sh csrc/cuda/instances/wgmma_grouped_bf16.cu [OUTDIR]
 #
 # cuobjdump and nvdisasm come from PATH or, where nvcc's toolkit has none, from
 # NVIDIA's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels, fetched once into
-# CUDA_TOOLS_DIR (default ~/.cache/jax_paged/cuda-tools) by pip. The grouped units take 1-5 minutes (fp8
-# the longest); DEFINES="-DJAX_PAGED_TRACE" etc. pass build options.
+# CUDA_TOOLS_DIR (default ~/.cache/jax_paged/cuda-tools) by pip. The grouped units take 1-5
+# minutes (fp8 the longest); DEFINES="-DJAX_PAGED_TRACE" etc. pass development build options.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
-unit=${1:?usage: scripts/sass.sh cuda/ffi/<unit>.cu [OUTDIR]}
+unit=${1:?usage: dev/sass.sh csrc/cuda/instances/<unit>.cu [OUTDIR]}
 out=${2:-out/sass}
 [ -f "$unit" ] || { echo "sass.sh: no such file: $unit" >&2; exit 2; }
 mkdir -p "$out"
@@ -43,7 +43,7 @@ if [ -z "$cuobjdump" ] || ! command -v nvdisasm > /dev/null; then
 fi
 
 # shellcheck disable=SC2086  # DEFINES is a list of flags
-nvcc -std=c++17 "${arch[@]}" -O3 --expt-relaxed-constexpr -Icuda ${DEFINES:-} -Xptxas -v \
+nvcc -std=c++17 "${arch[@]}" -O3 --expt-relaxed-constexpr -Icsrc ${DEFINES:-} -Xptxas -v \
   -cubin -o "$out/$name.cubin" "$unit" > "$out/$name.resources.txt" 2>&1
 "$cuobjdump" -sass "$out/$name.cubin" > "$out/$name.sass"
 kernels=$(grep -c "Compiling entry function" "$out/$name.resources.txt" || true)

@@ -7,14 +7,14 @@ sharing the one GPU finish it in a fraction of the serial time; device time
 is the scarce resource there. No plugin needed (pytest-xdist is not
 installed on that machine).
 
-    python3 scripts/sharded_pytest.py --jobs 4 --log-dir out -- -q -k gpu tests
+    python3 dev/sharded_pytest.py --jobs 4 --log-dir out -- -q -k gpu tests
 
 Collects the node ids once (`pytest --collect-only -q ARGS`), deals them out
 round-robin, runs `pytest -q -p no:cacheprovider IDS` per shard with XLA's
 GPU memory preallocation off (so the processes share the GPU's memory), each
 shard's output in LOG_DIR/tests-shard<i>.log. Prints every shard's summary
 line, the end of each failed shard's log, then one combined pytest-style
-summary line (what scripts/gpu_check.sh reports). Exit status: 0 when every shard passed, else
+summary line (what dev/gpu_check.sh reports). Exit status: 0 when every shard passed, else
 the largest shard status (5 if nothing was collected).
 """
 from __future__ import annotations

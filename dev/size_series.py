@@ -17,7 +17,7 @@ Each series is fitted by ``time = a + bytes / r``: ``a`` is the per-call fixed
 cost, ``r`` the streaming rate. Both are printed with the same-run copy
 bandwidth (2 GiB ``y = x + 1``, the benchmark's reference).
 
-    python3 benchmarks/size_series.py --lengths 4096,8192,16384,32768,65536
+    python3 dev/size_series.py --lengths 4096,8192,16384,32768,65536
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
 import bench_paged_attention as bench  # noqa: E402
 
 import jax_paged as jp  # noqa: E402

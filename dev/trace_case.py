@@ -10,10 +10,12 @@ that split the start (first copies issued, query rows staged) and the end
 configuration a few times and prints, per call, the kernel's span (first
 entry to last exit) and the distribution over CTAs of each phase.
 
-    CMAKE_ARGS="-DJAX_PAGED_TRACE=ON" python3 -m pip install --no-build-isolation --no-deps -e .
-    python3 scripts/trace_case.py --config 1,32,8,32768
-    python3 scripts/trace_case.py --config 256,32,8,1024 --q-len 16   # the row split
-    python3 -m pip install --no-build-isolation --no-deps -e .   # back to the normal build
+    CMAKE_ARGS="-DJAX_PAGED_DEV=ON -DJAX_PAGED_TRACE=ON" \
+        python3 -m pip install --no-build-isolation --no-deps -e .
+    python3 dev/trace_case.py --config 1,32,8,32768
+    python3 dev/trace_case.py --config 256,32,8,1024 --q-len 16   # the row split
+    CMAKE_ARGS="-DJAX_PAGED_DEV=OFF" \
+        python3 -m pip install --no-build-isolation --no-deps -e .   # back to the default build
 
 Command buffers are turned off (XLA_FLAGS) so that every call goes through
 the handler, which passes the current trace buffer to the kernel. The V2
@@ -75,7 +77,7 @@ def main() -> int:
     module = _native.cuda_module
     if module is None or not hasattr(module, "set_grouped_trace"):
         print("trace_case: this build has no tracing; rebuild with "
-              'CMAKE_ARGS="-DJAX_PAGED_TRACE=ON" (see the docstring)')
+              'CMAKE_ARGS="-DJAX_PAGED_DEV=ON -DJAX_PAGED_TRACE=ON" (see the docstring)')
         return 2
     case, kwargs = build_case(args.config, args.q_len), {}
     if args.kv != "bf16":

@@ -41,14 +41,14 @@ def test_time_loop_reports_calls_per_iteration():
 
 def test_slope_per_call_cancels_a_fixed_cost_per_sample():
     """The loop method's per-call figure is the slope between a loop of R and one of 2R
-    iterations: a cost paid once per sample (~0.6-1.0 ms on the H200, twenty-fifth session)
-    drops out, where the average over one loop's calls carries it."""
+    iterations: a cost paid once per sample (~0.6-1.0 ms on the H200) drops out, where the
+    average over one loop's calls carries it."""
     per_call, fixed = 300e-6, 700e-6
     short = [fixed + 64 * per_call + e for e in (0.0, 2e-6, -1e-6)]
     long_ = [fixed + 128 * per_call + e for e in (1e-6, 0.0, 3e-6)]
     got = bench.slope_per_call(short, long_, 64, 128)
     assert got == pytest.approx([per_call + d / 64 for d in (1e-6, -2e-6, 4e-6)], rel=1e-9)
-    # The old figure (long loop / its calls) read 1.8% high here: 700 us over 128 calls.
+    # The average figure (long loop / its calls) reads 1.8% high here: 700 us over 128 calls.
     assert long_[0] / 128 == pytest.approx(per_call + fixed / 128 + 1e-6 / 128)
 
 
@@ -72,22 +72,6 @@ def test_tie_to_query_keeps_the_tables_and_one_gather_pair_per_call():
     # K and V pages are gathered at every call, not once for the calls on the same set.
     assert gathers(via_api) == 2 * calls
     assert gathers(via_module) == 2 * calls
-
-
-def test_size_series_fit_and_rows():
-    """benchmarks/size_series.py: the fit recovers a known fixed cost and rate,
-    and both series produce rows with the bytes they claim (tiny sizes, CPU)."""
-    import size_series
-
-    a_us, r_tbps = size_series.fit([(b, 5e-6 + b / 3e12) for b in (1e6, 4e6, 9e6)])
-    assert a_us == pytest.approx(5.0, rel=1e-6) and r_tbps == pytest.approx(3.0, rel=1e-6)
-    _, args = bench.parse_args(["--no-pallas", "--no-reference", "--reps", "1", "--target-ms",
-                                "0.5", "--max-loop", "2", "--rotate-mb", "0.1", "--max-sets", "2"])
-    rows = size_series.attention_series([32], "fp8e4m3", args)
-    # One sequence of 32 tokens, 8 KV heads, head 128, K and V, one byte per element.
-    assert rows[0]["bytes"] == 32 * 8 * 128 * 2 and rows[0]["rel_err"] < 1e-2
-    rows = size_series.read_series([0.01], args)
-    assert rows[0]["bytes"] == 10_000 and rows[0]["us"] > 0
 
 
 def test_cache_variant_names():
@@ -178,11 +162,11 @@ def test_ground_truth_with_multi_token_queries():
 
 
 def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch, capsys):
-    """--no-classic leaves out the v1 / v2 rows; the JAX_PAGED_* run-time switches
-    (which change the kernels a GPU run takes) are recorded and printed; each row's
-    sample spread is in the JSON and the table."""
+    """--no-classic leaves out the v1 / v2 rows; the JAX_PAGED_* environment (whose
+    development options change the kernels a GPU run takes) is recorded and printed; each
+    row's sample spread is in the JSON and the table."""
     import json
-    monkeypatch.setenv("JAX_PAGED_ROW_SPLIT", "0")
+    monkeypatch.setenv("JAX_PAGED_DEV_OPTIONS", "row_split=0")
     out = tmp_path / "b.json"
     rc = bench.main(["--no-defaults", "--config", "2,4,2,64,64,16", "--no-classic", "--no-pallas",
                      "--no-reference", "--reps", "2", "--target-ms", "1", "--max-loop", "2",
@@ -190,7 +174,7 @@ def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch
     assert rc == 0
     with open(out) as f:
         result = json.load(f)
-    assert result["meta"]["jax_paged_environment"].get("JAX_PAGED_ROW_SPLIT") == "0"
+    assert result["meta"]["jax_paged_environment"].get("JAX_PAGED_DEV_OPTIONS") == "row_split=0"
     (row,) = result["results"]
     assert set(row["impls"]) == {"auto"}
     # The same-run matrix-product rate and each row's roofline bound.
@@ -203,6 +187,7 @@ def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch
     assert len(samples) == 2
     assert auto["spread"] == pytest.approx(bench.sample_spread(samples))
     lines = capsys.readouterr().out.splitlines()
+    assert "jax_paged environment: JAX_PAGED_DEV_OPTIONS=row_split=0" in lines
     header = next(line for line in lines if line.startswith("config") and " impl " in line)
     assert header.split()[2:4] == ["us", "spread"]
     (auto_line,) = [line for line in lines if line.split()[1:2] == ["auto"]]
@@ -211,7 +196,7 @@ def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch
 
 def test_sample_spread_is_the_range_over_the_median():
     """The table's spread column: (slowest - fastest) / median of a row's samples, so
-    the forty-ninth session's MHA window row (112.4-156.8 µs, median 147.0) shows 30%."""
+    a row of samples 112.4-156.8 µs, median 147.0, shows 30%."""
     got = bench.sample_spread([156.8e-6, 148.1e-6, 112.4e-6, 121.4e-6, 147.0e-6])
     assert got == pytest.approx((156.8 - 112.4) / 147.0)
     assert bench.sample_spread([1.0, 1.0, 1.0]) == 0.0
@@ -252,9 +237,9 @@ def _fake_clock(monkeypatch, per_call_s, fixed_s, slow_first=0, slow_s=0.0):
 
 
 def test_time_loop_sizes_r_again_when_the_probes_ran_slow(monkeypatch):
-    """The thirty-fourth session's call 1: the copy's probes ran slow, R stayed at 2, and
-    its slope pairs (2 against 4 iterations of ~1 ms beside a ~0.6 ms fixed cost) read the
-    bandwidth high. With the probes' samples slow, R is sized again from the measured R
+    """Probes that ran slow (a GPU still raising its clocks) would leave R at 2, and slope
+    pairs of 2 against 4 iterations of ~1 ms beside a ~0.6 ms fixed cost read the bandwidth
+    high. With the probes' samples slow, R is sized again from the measured R
     samples; with them on time, R is what the probes chose and nothing is measured twice."""
     args = argparse.Namespace(target_ms=15.0, max_loop=4096, reps=3, min_calls_per_iter=1)
     per_call, fixed = 1.0e-3, 0.6e-3
@@ -294,9 +279,9 @@ def test_roofline_is_the_longer_of_the_two_bounds():
 def test_references_take_their_own_least_sample_length_and_count(monkeypatch):
     """The copy bandwidth and the matrix-product rate divide every row's %copy and %roof,
     so they are timed with at least --ref-target-ms per long sample and --ref-reps pairs
-    even when the rows are timed shorter (forty-fifth session: at --target-ms 10 the copy
-    loop stayed at R = 2 and read 2.95-3.16 TB/s over four runs on one H100); a longer
-    --target-ms or more --reps still apply to them."""
+    even when the rows are timed shorter (at --target-ms 10 the copy loop would stay at
+    R = 2, whose pairs spread widely); a longer --target-ms or more --reps still apply to
+    them."""
     _, args = bench.parse_args(["--target-ms", "10", "--reps", "5"])
     ref = bench._reference_args(args)
     assert (ref.target_ms, ref.reps, ref.min_calls_per_iter) == (40.0, 9, 1)

@@ -1,4 +1,4 @@
-"""The CPU kernel's tile products (cuda/cpu/cpu_tiles.h) for every instruction
+"""The CPU kernel's tile products (csrc/cpu/cpu_tiles.h) for every instruction
 set the library's function multi-versioning may pick on x86-64 (baseline,
 x86-64-v3 = AVX2+FMA, x86-64-v4 = AVX-512): tests/cpu_tiles_check.cc compiled
 once per set this CPU can run, against float64 loops. (The attention tests

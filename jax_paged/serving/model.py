@@ -32,9 +32,10 @@ Three forward paths share the same layer math:
 - :func:`forward` — dense causal attention over whole sequences (logits for every position);
   used for checkpoint tests.
 - :func:`prefill_paged` / :func:`decode_step_paged` — the paged path: prefill runs dense causal
-  attention over the prompt and writes all prompt K/V with one ``jax_paged.reshape_and_cache`` per
-  layer; a decode step writes the new token's K/V with ``reshape_and_cache`` and attends with
-  ``jax_paged.paged_attention`` (one call each per layer).
+  attention over the prompt (windowed on window layers) and writes all prompt K/V with one
+  ``jax_paged.reshape_and_cache`` per layer; a decode step writes the new token's K/V with
+  ``reshape_and_cache`` and attends with ``jax_paged.paged_attention`` (one call each per layer,
+  with the layer's ``sliding_window`` and the config's ``soft_cap``).
 - :func:`generate_dense` — the *dense-cache reference*: greedy decoding of one request with a
   contiguous ``[num_layers, max_len, num_kv_heads, head_dim]`` K/V array and plain masked
   attention, one token at a time. It shares no paging or batching code with the engine, so equal

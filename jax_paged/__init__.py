@@ -12,11 +12,15 @@ Public API::
                       k_scale=None, v_scale=None)
     copy_blocks(key_cache, value_cache, block_mapping)
     check_inputs(block_tables, seq_lens, num_blocks, block_size)
+    export_safety_checks()  # the disabled_checks jax.export needs for these ops
     reference.*     # pure jax.numpy versions with identical semantics
+
+The ops shard under plain ``jax.jit`` (heads and sequences local, no collective), and
+support ``vmap``, ``grad``, ``jvp`` and donation (docs/jax_integration.md).
 """
 from . import _native  # registers the FFI targets before any lowering
 from . import reference
-from ._native import has_cuda_kernels
+from ._native import export_safety_checks, has_cuda_kernels
 from ._shapes import x_for_dtype
 from .api import (check_inputs, copy_blocks, merge_attention_states, paged_attention,
                   reshape_and_cache)
@@ -24,4 +28,4 @@ from .api import (check_inputs, copy_blocks, merge_attention_states, paged_atten
 __version__ = "0.1.0"
 
 __all__ = ["paged_attention", "merge_attention_states", "reshape_and_cache", "copy_blocks",
-           "check_inputs", "has_cuda_kernels", "x_for_dtype", "reference"]
+           "check_inputs", "export_safety_checks", "has_cuda_kernels", "x_for_dtype", "reference"]

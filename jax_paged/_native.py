@@ -13,8 +13,9 @@ import types
 import jax
 import jaxlib
 
-TARGETS = ("jax_paged_attention_v1", "jax_paged_attention_v2", "jax_paged_reshape_and_cache",
-           "jax_paged_copy_blocks")
+# The FFI targets (custom-call names) the ops lower to; "grouped" exists on CUDA only.
+TARGETS = ("jax_paged_attention_v1", "jax_paged_attention_v2", "jax_paged_attention_grouped",
+           "jax_paged_reshape_and_cache", "jax_paged_copy_blocks")
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -60,3 +61,18 @@ def cuda_development_options() -> tuple[str, ...]:
     kernels were built with, e.g. ("TRACE",); () for a default build or
     without the CUDA module."""
     return tuple(getattr(cuda_module, "development_options", "").split())
+
+
+def export_safety_checks() -> list:
+    """The ``jax.export.DisabledSafetyCheck`` list that lets ``jax.export`` serialise a
+    function using this library's ops: one ``custom_call`` check per FFI target (JAX
+    guarantees no compatibility for custom calls it does not own; this library's
+    contract for its targets is in docs/jax_integration.md). The process that
+    deserialises and calls the export must ``import jax_paged`` first, which registers
+    the targets.
+
+        exported = jax.export.export(jax.jit(step),
+                                     disabled_checks=jax_paged.export_safety_checks())(*args)
+    """
+    from jax import export
+    return [export.DisabledSafetyCheck.custom_call(target) for target in TARGETS]

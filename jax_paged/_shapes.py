@@ -128,20 +128,24 @@ def check_head_size(head_size: int) -> None:
                          f"got {head_size}")
 
 
-def check_concrete_scale(name: str, scale) -> None:
+def check_concrete_scale(name: str, scale):
     """k_scale / v_scale given as host values (Python or NumPy numbers or arrays): every
     element positive, finite and a normal float32 (device arrays and traced values are
-    not inspected: that would wait for the device)."""
-    if scale is None or isinstance(scale, jax.Array) or isinstance(scale, jax.core.Tracer):
-        return
+    not inspected: that would wait for the device). Returns the scale, a Python number
+    as a float32."""
+    if scale is None or isinstance(scale, (jax.Array, jax.core.Tracer)):
+        return scale
     try:
         values = np.asarray(scale, dtype=np.float64)
     except (TypeError, ValueError):
-        return  # the dtype check reports it
-    bad = ~((values >= _F32.tiny) & (values <= _F32.max))
+        return scale  # the dtype check reports it
+    bad = ~((values >= float(_F32.tiny)) & (values <= float(_F32.max)))
     if np.any(bad):
         raise ValueError(f"{name} must be positive and finite, each in [{_F32.tiny:.4g}, "
                          f"{_F32.max:.4g}] (normal float32), got {values[bad].ravel()[0]!r}")
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return np.float32(scale)
+    return scale
 
 
 def check_scale(name: str, scale, num_kv_heads: int, cache_dtype) -> None:
@@ -182,7 +186,7 @@ def check_softmax_scale(scale, head_size: int) -> float:
     if scale is None:
         return float(head_size) ** -0.5
     value = _static_number("scale", scale, "1 / sqrt(head_size)")
-    if not (value == 0 or _F32.tiny <= abs(value) <= _F32.max):
+    if not (value == 0 or float(_F32.tiny) <= abs(value) <= float(_F32.max)):
         raise ValueError(f"scale must be 0 or finite with magnitude in [{_F32.tiny:.4g}, "
                          f"{_F32.max:.4g}] (a normal float32), got {scale!r}")
     return value

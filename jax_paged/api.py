@@ -90,8 +90,8 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
     if impl not in primitives.IMPLS:
         raise ValueError(f"impl must be one of {primitives.IMPLS}, got {impl!r}")
     if impl == "reference":
-        _shapes.check_concrete_scale("k_scale", k_scale)
-        _shapes.check_concrete_scale("v_scale", v_scale)
+        k_scale = _shapes.check_concrete_scale("k_scale", k_scale)
+        v_scale = _shapes.check_concrete_scale("v_scale", v_scale)
         return reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                          scale=scale, alibi_slopes=alibi_slopes,
                                          partition_size=partition_size, k_scale=k_scale,
@@ -99,8 +99,8 @@ def paged_attention(query: ArrayLike, key_cache: ArrayLike, value_cache: ArrayLi
                                          sliding_window=sliding_window, return_lse=return_lse)
     query, key_cache, value_cache, block_tables, seq_lens = map(
         jnp.asarray, (query, key_cache, value_cache, block_tables, seq_lens))
-    _shapes.check_concrete_scale("k_scale", k_scale)
-    _shapes.check_concrete_scale("v_scale", v_scale)
+    k_scale = _shapes.check_concrete_scale("k_scale", k_scale)
+    v_scale = _shapes.check_concrete_scale("v_scale", v_scale)
     alibi, k_scale, v_scale = (None if a is None else jnp.asarray(a)
                                for a in (alibi_slopes, k_scale, v_scale))
     dims = _shapes.check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
@@ -279,8 +279,8 @@ def reshape_and_cache(key: ArrayLike, value: ArrayLike, key_cache: ArrayLike,
       KV-heads axis are written on each device, with no collective.
     """
     args = tuple(map(jnp.asarray, (key, value, key_cache, value_cache, slot_mapping)))
-    _shapes.check_concrete_scale("k_scale", k_scale)
-    _shapes.check_concrete_scale("v_scale", v_scale)
+    k_scale = _shapes.check_concrete_scale("k_scale", k_scale)
+    v_scale = _shapes.check_concrete_scale("v_scale", v_scale)
     k_scale, v_scale = (None if a is None else jnp.asarray(a) for a in (k_scale, v_scale))
     _shapes.check_reshape_and_cache(*args, k_scale, v_scale)
     k_scale, v_scale = map(primitives.to_operand, (k_scale, v_scale))

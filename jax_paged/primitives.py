@@ -626,7 +626,9 @@ def _attention_shardings(mesh, arg_shapes, return_lse):
     heads_axis = axis if _axis_size(mesh, axis) > 1 else None
     seq_axis = _seq_split(mesh, _spec_entry(query.sharding, 0), query.shape[0], heads_axis)
     rows = (seq_axis, None) if heads_dim == 2 else (seq_axis,)
-    per_head = lambda a, count, ax: _named(mesh, ax) if a.shape[0] == count else _named(mesh)  # noqa: E731
+
+    def per_head(a, count, ax):
+        return _named(mesh, ax) if a.shape[0] == count else _named(mesh)
     args = (_named(mesh, *rows, heads_axis, None), _named(mesh, None, cache_axis),
             _named(mesh, None, cache_axis), _named(mesh, seq_axis), _named(mesh, seq_axis),
             per_head(arg_shapes[5], num_heads, heads_axis),
@@ -711,7 +713,9 @@ def _bind_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_sca
 def _write_partition(mesh, arg_shapes, result_shape):
     axis, heads = _cache_shardings("reshape_and_cache", mesh, arg_shapes[2], arg_shapes[0])
     num_kv_heads = arg_shapes[2].shape[1]
-    scale = lambda a: _named(mesh, axis) if a.shape[0] == num_kv_heads else _named(mesh)  # noqa: E731
+
+    def scale(a):
+        return _named(mesh, axis) if a.shape[0] == num_kv_heads else _named(mesh)
     args = (heads, heads, heads, heads, _named(mesh), scale(arg_shapes[5]), scale(arg_shapes[6]))
     return mesh, _bind_write, (heads, heads), args
 

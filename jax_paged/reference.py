@@ -1,7 +1,7 @@
 """Pure ``jax.numpy`` reference with the kernels' exact semantics.
 
 Every native kernel is tested against these functions; they mirror the
-kernels step for step (see ``cuda/cpu/paged_attention_cpu.h``):
+kernels step for step (see ``csrc/cpu/paged_attention_cpu.h``):
 
 * effective length ``L = clip(seq_len, 0, max_blocks_per_seq * block_size)``;
 * query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``;
@@ -18,7 +18,8 @@ kernels step for step (see ``cuda/cpu/paged_attention_cpu.h``):
   are replaced by zeros because ``0 * NaN = NaN``);
 * ``p_t = exp(logit_t - max) / (sum + 1e-6)``, max starting at ``-FLT_MAX``,
   so an empty range gives zeros; ``lse = max + log(sum + 1e-6)`` (``-inf``
-  for an empty range), so that ``out * exp(lse) = sum_t exp(logit_t) v_t``;
+  for an empty range, NaN where a NaN query or key makes the sum NaN), so
+  that ``out * exp(lse) = sum_t exp(logit_t) v_t``;
 * V2 splits the context into partitions of ``partition_size`` tokens, each
   normalised on its own, merged with the global max; partitions that do not
   overlap the row's range are left out of the merge, and
@@ -47,8 +48,12 @@ def _gather_kv(key_cache, value_cache, block_tables, dims):
     plus the validity of each token's physical block [num_seqs, capacity]."""
     num_blocks = dims.num_blocks
     block_valid = (block_tables >= 0) & (block_tables < num_blocks)
-    safe = jnp.where(block_valid, block_tables, 0)
     s, m = block_tables.shape
+    if num_blocks == 0:  # an empty pool: every id is invalid, nothing is read
+        shape = (s, dims.num_kv_heads, m * dims.block_size, dims.head_size)
+        return (jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32),
+                jnp.zeros((s, m * dims.block_size), bool))
+    safe = jnp.where(block_valid, block_tables, 0)
     k = key_cache[safe]          # [S, M, Hkv, D/x, B, x]
     k = k.transpose(0, 2, 1, 4, 3, 5).reshape(s, dims.num_kv_heads, m * dims.block_size,
                                                dims.head_size)
@@ -77,7 +82,8 @@ def query_row_ranges(seq_lens, capacity: int, q_len: int, sliding_window: int | 
 
 
 def _log_sum_exp(m, s):
-    return jnp.where(s > 0, m + jnp.log(s + 1e-6), -jnp.inf)
+    """-inf where nothing is attended (s == 0); NaN where s is NaN (a NaN query or key)."""
+    return jnp.where(s == 0, -jnp.inf, m + jnp.log(s + 1e-6))
 
 
 def _normalised_partial(logits, v, spec):
@@ -85,7 +91,7 @@ def _normalised_partial(logits, v, spec):
     ``spec`` is the einsum of the probabilities with ``v``.
 
     Returns (out = sum p v / (sum + 1e-6), max logit, exp-sum)."""
-    m = jnp.maximum(jnp.max(logits, axis=-1), _NEG_FLT_MAX)
+    m = jnp.max(logits, axis=-1, initial=_NEG_FLT_MAX)   # NaN propagates; empty: -FLT_MAX
     p = jnp.exp(logits - m[..., None])
     s = jnp.sum(p, axis=-1)
     acc = jnp.einsum(spec, p, v, precision=_HIGHEST)
@@ -101,14 +107,15 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sc
     V2 computation, anything else the single-pass V1 computation."""
     query, key_cache, value_cache, block_tables, seq_lens = map(
         jnp.asarray, (query, key_cache, value_cache, block_tables, seq_lens))
+    k_scale = _shapes.check_concrete_scale("k_scale", k_scale)
+    v_scale = _shapes.check_concrete_scale("v_scale", v_scale)
     alibi_slopes, k_scale, v_scale = (None if a is None else jnp.asarray(a)
                                       for a in (alibi_slopes, k_scale, v_scale))
     dims = _shapes.check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                          alibi_slopes, k_scale, v_scale)
     soft_cap = _shapes.check_soft_cap(soft_cap)
     sliding_window = _shapes.check_sliding_window(sliding_window)
-    if scale is None:
-        scale = dims.head_size ** -0.5
+    scale = _shapes.check_softmax_scale(scale, dims.head_size)
     num_seqs, num_heads, head_size = dims.num_seqs, dims.num_heads, dims.head_size
     q_len = dims.q_len
     kv_heads, group = dims.num_kv_heads, num_heads // dims.num_kv_heads
@@ -143,7 +150,9 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sc
         out, m, s = _normalised_partial(logits, v, "sqkgt,sktd->sqkgd")
         lse = _log_sum_exp(m, s)
     else:
-        _shapes.check_partition_size(partition_size, dims.block_size)
+        partition_size = _shapes.check_partition_size(partition_size, dims.block_size)
+        # Sizes past the capacity all mean one partition (as in the kernels' lowering).
+        partition_size = min(partition_size, max(dims.block_size, capacity))
         parts = dims.num_partitions(partition_size)
         pad = parts * partition_size - capacity
         logits = jnp.pad(logits, ((0, 0),) * 4 + ((0, pad),), constant_values=-jnp.inf)
@@ -203,6 +212,8 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *, k_sca
     ``value / scale`` saturated to the format's largest finite value."""
     key, value, key_cache, value_cache, slot_mapping = map(
         jnp.asarray, (key, value, key_cache, value_cache, slot_mapping))
+    k_scale = _shapes.check_concrete_scale("k_scale", k_scale)
+    v_scale = _shapes.check_concrete_scale("v_scale", v_scale)
     k_scale, v_scale = (None if a is None else jnp.asarray(a) for a in (k_scale, v_scale))
     _shapes.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
                                     k_scale, v_scale)
@@ -231,6 +242,8 @@ def copy_blocks(key_cache, value_cache, block_mapping):
                                                 (key_cache, value_cache, block_mapping))
     _shapes.check_copy_blocks(key_cache, value_cache, block_mapping)
     num_blocks = key_cache.shape[0]
+    if num_blocks == 0:  # an empty pool: every pair is skipped
+        return key_cache, value_cache
     src, dst = block_mapping[:, 0], block_mapping[:, 1]
     valid = (src >= 0) & (src < num_blocks) & (dst >= 0) & (dst < num_blocks)
     src = jnp.where(valid, src, 0)

@@ -1,5 +1,7 @@
 """Primitive behaviour: trace-time errors, vmap as one kernel call, use inside
 jit + fori_loop with donation, check_inputs, and a property test over shapes."""
+import functools
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -318,3 +320,76 @@ def test_grad_wrt_query_and_cache_values():
     check_grads(lambda q, kc, vc: jax_paged.paged_attention(
         q, kc, vc, inp.block_tables, inp.seq_lens, alibi_slopes=slopes),
         (q, kc0, vc0), order=1, modes=["fwd", "rev"], atol=2e-2, rtol=2e-2, eps=1e-2)
+
+
+def test_jvp_matches_the_reference_and_the_value_is_the_kernels():
+    rng = np.random.default_rng(8)
+    inp = make_paged_inputs(rng, [3, 20, 0], 4, 2, 16, 8, np.float32, poison=False)
+    q, kc, vc = (jnp.asarray(a) for a in inp.args()[:3])
+    dq, dkc, dvc = (jnp.asarray(rng.standard_normal(a.shape), jnp.float32) for a in (q, kc, vc))
+
+    def run(fn):
+        return jax.jvp(lambda q, kc, vc: fn(q, kc, vc, inp.block_tables, inp.seq_lens,
+                                            soft_cap=5.0, return_lse=True),
+                       (q, kc, vc), (dq, dkc, dvc))
+    (out, lse), (d_out, d_lse) = run(jax_paged.paged_attention)
+    (ref_out, ref_lse), (ref_d_out, ref_d_lse) = run(reference.paged_attention)
+    for got, want in ((out, ref_out), (d_out, ref_d_out), (d_lse, ref_d_lse)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax_paged.paged_attention(
+        q, kc, vc, inp.block_tables, inp.seq_lens, soft_cap=5.0)))
+    # A tangent on the query alone, under jit: only the query's derivative is built.
+    f = jax.jit(lambda q, t: jax.jvp(lambda q: jax_paged.paged_attention(
+        q, kc, vc, inp.block_tables, inp.seq_lens), (q,), (t,)))
+    _, d_only_q = f(q, dq)
+    _, want = jax.jvp(lambda q: reference.paged_attention(q, kc, vc, inp.block_tables,
+                                                          inp.seq_lens), (q,), (dq,))
+    np.testing.assert_allclose(np.asarray(d_only_q), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_cache_ops_are_differentiable():
+    rng = np.random.default_rng(9)
+    kc = jnp.asarray(rng.standard_normal((4, 2, 4, 8, 4)), jnp.float32)
+    vc = jnp.asarray(rng.standard_normal((4, 2, 16, 8)), jnp.float32)
+    key = jnp.asarray(rng.standard_normal((3, 2, 16)), jnp.float32)
+    slots = jnp.array([0, 9, 31], jnp.int32)
+    mapping = jnp.array([[0, 3]], jnp.int32)
+
+    def loss(fns, key, kc, vc):
+        write, copy = fns
+        kc, vc = write(key, 2 * key, kc, vc, slots)
+        kc, vc = copy(kc, vc, mapping)
+        return jnp.sum(kc ** 2) + jnp.sum(jnp.sin(vc))
+    ops = (jax_paged.reshape_and_cache, jax_paged.copy_blocks)
+    refs = (reference.reshape_and_cache, reference.copy_blocks)
+    got = jax.grad(functools.partial(loss, ops), argnums=(0, 1, 2))(key, kc, vc)
+    want = jax.grad(functools.partial(loss, refs), argnums=(0, 1, 2))(key, kc, vc)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+
+
+def test_fp8_head_size_rule_is_named():
+    kc = jax.ShapeDtypeStruct((4, 2, 5, 16, 16), jnp.float8_e4m3fn)   # head size 80
+    vc = jax.ShapeDtypeStruct((4, 2, 80, 16), jnp.float8_e4m3fn)
+    q = jax.ShapeDtypeStruct((1, 2, 72), jnp.float32)                 # 72 % 16 != 0
+    tables = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+    lens = jax.ShapeDtypeStruct((1,), jnp.int32)
+    with pytest.raises(ValueError, match=r"head_size 72 is not a multiple of 16: fp8 caches"):
+        jax.eval_shape(jax_paged.paged_attention, q, kc, vc, tables, lens)
+    key = jax.ShapeDtypeStruct((1, 2, 72), jnp.float32)
+    with pytest.raises(ValueError, match=r"head_size 72 is not a multiple of 16: fp8 caches"):
+        jax.eval_shape(jax_paged.reshape_and_cache, key, key, kc, vc,
+                       jax.ShapeDtypeStruct((1,), jnp.int32))
+    with pytest.raises(ValueError, match=r"with fp8 caches \(head sizes that are multiples of "
+                                         r"16\) support head_size in"):
+        primitives.cuda_has_head_size("v1", 120, jnp.float8_e4m3fn)
+
+
+def test_size_lists_come_from_the_native_module():
+    from jax_paged import _native, _shapes
+    assert primitives.CUDA_HEAD_SIZES == tuple(_native.cpu_module.head_sizes)
+    assert _shapes.SUPPORTED_BLOCK_SIZES == tuple(_native.cpu_module.block_sizes)
+    assert all(h % 16 == 0 for h in _shapes.CUDA_FP8_HEAD_SIZES)
+    assert set(_shapes.CUDA_FP8_HEAD_SIZES) == {h for h in primitives.CUDA_HEAD_SIZES
+                                               if h % 16 == 0}
+    assert primitives._cpu_threads() == _native.cpu_module.cpu_threads() >= 1

@@ -3,6 +3,7 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
+import jax_paged
 from jax_paged import reference
 from paged_inputs import dense_attention, make_paged_inputs, page_walk_attention
 
@@ -78,3 +79,30 @@ def test_fp8_round_trip_is_a_cache_write_read_back(cache_dtype):
     assert got[0, 0, 0] == limit * scale[0] and got[0, 1, 0] == -limit * scale[1]  # saturated
     with pytest.raises(TypeError, match="cache_dtype must be float8_e4m3fn or float8_e5m2, got float32"):
         reference.fp8_round_trip(x, scale, jnp.float32)
+
+
+@pytest.mark.parametrize("num_blocks,max_blocks", [(0, 2), (5, 0), (0, 0)])
+@pytest.mark.parametrize("impl", ["v1", "v2"])
+def test_reference_empty_pool_and_table_like_the_kernels(num_blocks, max_blocks, impl):
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    kc = np.ones((num_blocks, 2, 16, 16, 4), np.float32)
+    vc = np.ones((num_blocks, 2, 64, 16), np.float32)
+    bt = np.zeros((2, max_blocks), np.int32)
+    sl = np.array([5, 0], np.int32)
+    for fn in (reference.paged_attention, jax_paged.paged_attention):
+        out, lse = fn(q, kc, vc, bt, sl, impl=impl, partition_size=32, return_lse=True)
+        assert (np.asarray(out) == 0).all() and np.isneginf(np.asarray(lse)).all()
+    kc2, vc2 = reference.copy_blocks(kc, vc, np.array([[0, 1]], np.int32))
+    assert kc2.shape == kc.shape and vc2.shape == vc.shape
+
+
+def test_reference_partition_sizes_past_the_capacity_are_one_partition():
+    rng = np.random.default_rng(4)
+    inp = make_paged_inputs(rng, [5, 40], 4, 2, 64, 16, np.float32)
+    one = reference.paged_attention(*inp.args(), impl="v2", partition_size=48)  # capacity 48
+    for size in (64, 2 ** 31 - 16):
+        np.testing.assert_array_equal(np.asarray(reference.paged_attention(
+            *inp.args(), impl="v2", partition_size=size)), np.asarray(one))
+        np.testing.assert_allclose(np.asarray(jax_paged.paged_attention(
+            *inp.args(), impl="v2", partition_size=size)), np.asarray(one), atol=2e-5)

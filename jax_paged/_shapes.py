@@ -111,10 +111,10 @@ def check_caches(key_cache, value_cache, *, num_kv_heads: int | None = None,
                          f"{num_kv_heads}")
     if head_size is not None and cache_head_size != head_size:
         if is_fp8(key_cache.dtype) and head_size % x:
-            raise ValueError(f"head_size {head_size} is not a multiple of {x}: fp8 caches "
-                             f"({_name(key_cache.dtype)}) store keys in chunks of {x}, so they "
-                             f"need head_size % {x} == 0 (key_cache head size shape[2] * "
-                             f"shape[4] = {cache_head_size}); pad the heads")
+            raise ValueError(f"head_size {head_size}: fp8 caches need head_size to be a "
+                             f"multiple of {x} ({_name(key_cache.dtype)} keys are stored in "
+                             f"chunks of {x}; key_cache head size shape[2] * shape[4] = "
+                             f"{cache_head_size}); pad the heads")
         raise ValueError(f"key_cache head size (shape[2] * shape[4] = {cache_head_size}) "
                          f"differs from head_size {head_size}")
     if kv_heads < 1:
@@ -207,8 +207,8 @@ def check_soft_cap(soft_cap) -> float:
         return 0.0
     lo, hi = SOFT_CAP_RANGE
     if not lo <= value <= hi:
-        raise ValueError(f"soft_cap must be None or 0 (off), or in [2^-126, 2^126] = "
-                         f"[{lo:.4g}, {hi:.4g}], got {soft_cap!r}")
+        raise ValueError(f"soft_cap must be positive and finite, in [2^-126, 2^126] = "
+                         f"[{lo:.4g}, {hi:.4g}] (None or 0 = off), got {soft_cap!r}")
     return value
 
 

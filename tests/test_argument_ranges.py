@@ -97,9 +97,9 @@ def test_extreme_arguments_are_refused_by_name_or_agree_with_the_reference():
     ("partition_size", 16.0, r"partition_size must be a static Python int"),
     ("scale", 1e300, r"scale must be 0 or finite with magnitude in"),
     ("scale", 1e-46, r"scale must be 0 or finite with magnitude in"),
-    ("soft_cap", 1e300, r"soft_cap must be None or 0 \(off\), or in \[2\^-126, 2\^126\]"),
-    ("soft_cap", 1e-46, r"soft_cap must be None or 0 \(off\), or in \[2\^-126, 2\^126\]"),
-    ("soft_cap", -1.0, r"soft_cap must be None or 0"),
+    ("soft_cap", 1e300, r"soft_cap must be positive and finite, in \[2\^-126, 2\^126\]"),
+    ("soft_cap", 1e-46, r"soft_cap must be positive and finite, in \[2\^-126, 2\^126\]"),
+    ("soft_cap", -1.0, r"soft_cap must be positive and finite"),
     ("sliding_window", 2 ** 31, r"sliding_window must be in \[1, 2\^31\)"),
 ])
 def test_messages(name, value, match):

@@ -374,10 +374,10 @@ def test_fp8_head_size_rule_is_named():
     q = jax.ShapeDtypeStruct((1, 2, 72), jnp.float32)                 # 72 % 16 != 0
     tables = jax.ShapeDtypeStruct((1, 2), jnp.int32)
     lens = jax.ShapeDtypeStruct((1,), jnp.int32)
-    with pytest.raises(ValueError, match=r"head_size 72 is not a multiple of 16: fp8 caches"):
+    with pytest.raises(ValueError, match=r"head_size 72: fp8 caches need head_size to be a multiple of 16"):
         jax.eval_shape(jax_paged.paged_attention, q, kc, vc, tables, lens)
     key = jax.ShapeDtypeStruct((1, 2, 72), jnp.float32)
-    with pytest.raises(ValueError, match=r"head_size 72 is not a multiple of 16: fp8 caches"):
+    with pytest.raises(ValueError, match=r"head_size 72: fp8 caches need head_size to be a multiple of 16"):
         jax.eval_shape(jax_paged.reshape_and_cache, key, key, kc, vc,
                        jax.ShapeDtypeStruct((1,), jnp.int32))
     with pytest.raises(ValueError, match=r"with fp8 caches \(head sizes that are multiples of "

@@ -37,7 +37,6 @@ def _specs(cache_dtype=jnp.float8_e4m3fn, query_dtype=np.float32, head_size=64, 
      r"query must be float32, float16 or bfloat16, got float8_e4m3fn"),
     (dict(cache_dtype=np.int8), dict(), TypeError, r"key_cache must be float32, float16, "
                                                    r"bfloat16, float8_e4m3fn or float8_e5m2"),
-    (dict(), dict(soft_cap=0.0), ValueError, r"soft_cap must be positive and finite"),
     (dict(), dict(soft_cap=-1.0), ValueError, r"soft_cap must be positive"),
     (dict(), dict(soft_cap=float("inf")), ValueError, r"soft_cap must be positive and finite"),
     (dict(), dict(soft_cap="5"), TypeError, r"soft_cap must be a static Python number"),

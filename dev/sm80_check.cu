@@ -9,6 +9,9 @@
 // Build (from the repository root; the instance units compile in parallel):
 //   mkdir -p /tmp/sm80o && for f in csrc/cuda/instances/sm80_*.cu dev/sm80_check.cu; do nvcc -std=c++17 --expt-relaxed-constexpr -O3 -Icsrc -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 -c $f -o /tmp/sm80o/$(basename $f).o & done; wait; nvcc -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 /tmp/sm80o/*.o -o /tmp/sm80_check && /tmp/sm80_check
 //
+// `sm80_check --bench` instead times a few large decode calls and reports their
+// K/V bytes per second against a plain read of the same bytes on the same GPU.
+//
 // Tolerances: on out, |out - ref| / max(1, |ref|); on the LSE, absolute. The
 // products round P to the product type (bf16: 8 significant bits, f16: 11) and
 // the output is rounded to the query dtype.
@@ -380,14 +383,141 @@ std::string Name(const Case& c) {
   return s;
 }
 
+
+// Reads n 16-byte words and folds them into one word per thread (kept alive by a
+// store that never happens): the read-only bandwidth reference.
+__global__ void ReadKernel(const uint4* __restrict__ src, size_t n, uint4* sink) {
+  uint4 acc = make_uint4(0u, 0u, 0u, 0u);
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = src[i];
+    acc.x ^= v.x;
+    acc.y ^= v.y;
+    acc.z ^= v.z;
+    acc.w ^= v.w;
+  }
+  if ((acc.x & acc.y & acc.z & acc.w) == 0xFFFFFFFFu) sink[0] = acc;
+}
+
+struct BenchCase {
+  QK q;
+  CK c;
+  int seqs, kv_heads, group, len, d, bs, ps;
+};
+
+float TimeMs(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0.0f;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+int Bench(int sms) {
+  const BenchCase cases[] = {
+      {QK::kBf16, CK::kSame, 64, 8, 4, 4096, 128, 16, 512},
+      {QK::kBf16, CK::kSame, 32, 8, 8, 4096, 128, 16, 512},
+      {QK::kBf16, CK::kSame, 128, 2, 4, 2048, 64, 16, 512},
+      {QK::kBf16, CK::kSame, 64, 4, 2, 2048, 256, 16, 512},
+      {QK::kBf16, CK::kE4m3, 64, 8, 4, 4096, 128, 16, 512},
+      {QK::kBf16, CK::kSame, 1, 8, 4, 32768, 128, 16, 512},
+      {QK::kBf16, CK::kE4m3, 1, 8, 4, 32768, 128, 16, 512},
+  };
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  for (const BenchCase& b : cases) {
+    const bool fp8 = b.c != CK::kSame;
+    const int celem = fp8 ? 1 : 2;
+    const int blocks_per_seq = (b.len + b.bs - 1) / b.bs;
+    const int64_t num_blocks = int64_t{b.seqs} * blocks_per_seq;
+    const size_t cache_bytes = static_cast<size_t>(num_blocks) * b.kv_heads * b.d * b.bs * celem;
+    const int H = b.kv_heads * b.group;
+    const int P = (blocks_per_seq * b.bs + b.ps - 1) / b.ps;
+    std::vector<int32_t> table(static_cast<size_t>(b.seqs) * blocks_per_seq);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    std::vector<int32_t> lens(b.seqs, b.len);
+    void *k, *v, *q, *out;
+    float *es, *ml, *tmp;
+    uint4* sink;
+    CHECK_CUDA(cudaMalloc(&k, cache_bytes));
+    CHECK_CUDA(cudaMalloc(&v, cache_bytes));
+    CHECK_CUDA(cudaMemset(k, 0, cache_bytes));
+    CHECK_CUDA(cudaMemset(v, 0, cache_bytes));
+    CHECK_CUDA(cudaMalloc(&q, static_cast<size_t>(b.seqs) * H * b.d * 2));
+    CHECK_CUDA(cudaMemset(q, 0, static_cast<size_t>(b.seqs) * H * b.d * 2));
+    CHECK_CUDA(cudaMalloc(&out, static_cast<size_t>(b.seqs) * H * b.d * 2));
+    CHECK_CUDA(cudaMalloc(&es, static_cast<size_t>(b.seqs) * H * P * 4));
+    CHECK_CUDA(cudaMalloc(&ml, static_cast<size_t>(b.seqs) * H * P * 4));
+    CHECK_CUDA(cudaMalloc(&tmp, static_cast<size_t>(b.seqs) * H * P * b.d * 4));
+    CHECK_CUDA(cudaMalloc(&sink, 16));
+    int32_t* d_table = ToDevice(table);
+    int32_t* d_lens = ToDevice(lens);
+    PagedAttentionParams p;
+    p.out = out;
+    p.query = q;
+    p.key_cache = k;
+    p.value_cache = v;
+    p.block_tables = d_table;
+    p.seq_lens = d_lens;
+    p.exp_sums = es;
+    p.max_logits = ml;
+    p.tmp_out = tmp;
+    p.num_seqs = b.seqs;
+    p.num_heads = H;
+    p.num_kv_heads = b.kv_heads;
+    p.head_size = b.d;
+    p.block_size = b.bs;
+    p.max_blocks_per_seq = blocks_per_seq;
+    p.num_blocks = num_blocks;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(b.d));
+    p.partition_size = b.ps;
+    p.max_num_partitions = P;
+    Case c;
+    c.q = b.q;
+    c.c = b.c;
+    c.d = b.d;
+    constexpr int kIters = 20;
+    for (int i = 0; i < 3; ++i) CHECK_CUDA(Launch(c, p));
+    CHECK_CUDA(cudaEventRecord(e0));
+    for (int i = 0; i < kIters; ++i) CHECK_CUDA(Launch(c, p));
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    const double attn_ms = TimeMs(e0, e1) / kIters;
+    // The read reference: K then V, as one pass each.
+    const size_t words = cache_bytes / 16;
+    auto read = [&]() {
+      ReadKernel<<<sms * 8, 256>>>(static_cast<const uint4*>(k), words, sink);
+      ReadKernel<<<sms * 8, 256>>>(static_cast<const uint4*>(v), words, sink);
+    };
+    for (int i = 0; i < 3; ++i) read();
+    CHECK_CUDA(cudaEventRecord(e0));
+    for (int i = 0; i < kIters; ++i) read();
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    CHECK_CUDA(cudaGetLastError());
+    const double read_ms = TimeMs(e0, e1) / kIters;
+    const double bytes = 2.0 * cache_bytes;
+    std::printf("%s/%s seqs=%d kv=%d g=%d len=%d D=%d BS=%d ps=%d: %.1f us, %.0f GB/s; read %.1f us, "
+                "%.0f GB/s; %.1f%% of read\n",
+                b.q == QK::kBf16 ? "bf16" : "f16", fp8 ? "e4m3" : "same", b.seqs, b.kv_heads,
+                b.group, b.len, b.d, b.bs, b.ps, attn_ms * 1e3, bytes / attn_ms / 1e6,
+                read_ms * 1e3, bytes / read_ms / 1e6, 100.0 * read_ms / attn_ms);
+    for (void* ptr : {k, v, q, out, static_cast<void*>(es), static_cast<void*>(ml),
+                      static_cast<void*>(tmp), static_cast<void*>(sink),
+                      static_cast<void*>(d_table), static_cast<void*>(d_lens)})
+      CHECK_CUDA(cudaFree(ptr));
+  }
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   int dev = 0;
   CHECK_CUDA(cudaSetDevice(dev));
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
   std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) return Bench(prop.multiProcessorCount);
   std::mt19937 rng(1234);
   std::vector<Case> cases;
   const int heads[] = {64, 80, 96, 112, 120, 128, 192, 256};

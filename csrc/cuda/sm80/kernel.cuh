@@ -131,11 +131,12 @@ __global__ void __launch_bounds__(kThreads,
 }
 
 // Raises the kernel's shared-memory limit and prefers the largest carveout,
-// once per device.
+// once per (kernel, device): `smem_configured` and `carveout_set` [kMaxDevices]
+// are the kernel's own flags.
 template <typename Kernel>
-cudaError_t ConfigurePortableKernel(Kernel kernel, size_t smem_bytes, int device) {
-  static std::atomic<bool> smem_configured[kMaxDevices];
-  static std::atomic<bool> carveout_set[kMaxDevices];
+cudaError_t ConfigurePortableKernel(Kernel kernel, size_t smem_bytes, int device,
+                                    std::atomic<bool>* smem_configured,
+                                    std::atomic<bool>* carveout_set) {
   if (cudaError_t err = EnsureSmemOptin(kernel, smem_bytes, device, smem_configured);
       err != cudaSuccess)
     return err;
@@ -153,7 +154,11 @@ cudaError_t LaunchPortableGroupedAttention(const PagedAttentionParams& p, int de
                                            cudaStream_t stream) {
   using C = PortableConfig<static_cast<int>(sizeof(TC)), HEAD_SIZE>;
   auto kernel = &PortableGroupedKernel<T, TC, HEAD_SIZE>;
-  if (cudaError_t err = ConfigurePortableKernel(kernel, C::kSmemBytes, device); err != cudaSuccess)
+  static std::atomic<bool> smem_configured[kMaxDevices];
+  static std::atomic<bool> carveout_set[kMaxDevices];
+  if (cudaError_t err =
+          ConfigurePortableKernel(kernel, C::kSmemBytes, device, smem_configured, carveout_set);
+      err != cudaSuccess)
     return err;
   const int rows = (p.num_heads / p.num_kv_heads) * p.q_len;
   const int group_chunks = (rows + kRows - 1) / kRows;
@@ -164,6 +169,7 @@ cudaError_t LaunchPortableGroupedAttention(const PagedAttentionParams& p, int de
     const int n = std::min(kMaxGridYZ, p.num_seqs - base);
     kernel<<<dim3(p.num_kv_heads * group_chunks, n, PortableGridPartitions(p)), kThreads,
              C::kSmemBytes, stream>>>(p, base, group_chunks, rows_per_cta, direct_out);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     if (!direct_out) {
       if (cudaError_t err = LaunchReduce<T>(p, base, n, pdl, stream); err != cudaSuccess)
         return err;

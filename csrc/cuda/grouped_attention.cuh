@@ -500,9 +500,11 @@ __global__ void __launch_bounds__(
   long long c_loop_end = 0;
 #endif
   constexpr bool kFp8 = C::kFp8;
-  static_assert(!kWgmma || !kFp8, "wgmma: 16-bit caches of the query's dtype only");
   // Tensor-core operand type: the query's, or f16 for fp8 caches (see above).
   using TM = std::conditional_t<kFp8, __half, T>;
+  // The wgmma form reads 16-bit caches of the query's dtype only.
+  constexpr bool kWgmmaFp8 = kWgmma && kFp8;
+  static_assert(!kWgmmaFp8, "wgmma: 16-bit caches of the query's dtype only");
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;

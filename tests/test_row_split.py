@@ -4,13 +4,16 @@ caches, uneven row counts, many work items, lazy rescales, and the forms the
 development options select (JAX_PAGED_DEV_OPTIONS: wgmma=0, wgmma_128=0/1)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import jax.numpy as jnp
 import pytest
 
 from jax_paged import _shapes, primitives, reference
 from conftest import requires_gpu
-from feature_helpers import (LSE_TOL, attend_on_poisoned_memory, compare,
+from feature_helpers import (LSE_TOL, attend_on_poisoned_memory, compare, dev_options_env,
                              fp8_rows_per_cta_17_to_32, kv_scales, make_inputs,
                              run_in_own_process)
 from paged_inputs import assert_close, reference_on_cpu
@@ -144,17 +147,19 @@ def test_gpu_wgmma_128_rows(wgmma_128):
     128-row CTAs that issue each tile's P.V at the next tile: the 128-rows test at every
     head size and block size it has, and the uneven-rows test's 16-bit wgmma case (80 and
     128 rows with ALiBi that makes the running maxima grow, so that the deferred O
-    rescales run). The launcher says once on stderr that the 128-row CTAs ran when the
-    option asks for them, and nothing of them with the option off."""
+    rescales run). The CUDA module reports the options its process parsed, so the
+    test knows which of the two forms the calls took."""
     cases = [f"test_gpu_row_split_128_rows[{c}]" for c in (
         "128-16-bfloat16", "128-8-float16", "128-32-bfloat16", "96-16-float16",
         "80-32-bfloat16", "112-8-bfloat16")]
     cases += ["test_gpu_row_split_uneven_rows_with_alibi[128-16-float16-float16]"]
-    proc = run_in_own_process(__file__, cases, wgmma_128=wgmma_128)
-    ran = "128-row wgmma CTAs" in proc.stderr
-    assert ran == bool(wgmma_128), (
-        f"wgmma_128={wgmma_128}: the 128-row notice {'was' if ran else 'was not'} printed: "
-        + proc.stderr[-2000:])
+    run_in_own_process(__file__, cases, wgmma_128=wgmma_128)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax_paged._native as n; "
+         "print(n.cuda_module.kernel_options()['wgmma_128'])"],
+        env=dev_options_env(wgmma_128=wgmma_128), capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.strip() == str(bool(wgmma_128)), probe.stdout + probe.stderr[-2000:]
 
 
 @requires_gpu

@@ -5,7 +5,9 @@
 
 #include "ffi/handlers.h"
 #include "sizes.h"
-#ifndef JAX_PAGED_MODULE_CUDA
+#ifdef JAX_PAGED_MODULE_CUDA
+#include "cuda/options.h"
+#else
 #include "cpu/parallel.h"
 #endif
 
@@ -68,6 +70,19 @@ NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
         nb::arg("cache_itemsize"), nb::arg("head_size"), nb::arg("rows_per_kv_head"),
         nb::arg("q_len"), nb::arg("seq_kv_heads"));
   m.attr("development_options") = JaxPagedDevelopmentOptions();
+  // The kernel-form options this process runs with (JAX_PAGED_DEV_OPTIONS over the
+  // defaults), so that a test can tell which form its calls took.
+  m.def("kernel_options", []() {
+    const jax_paged::cuda::KernelOptions& o = jax_paged::cuda::GetKernelOptions();
+    nb::dict d;
+    d["row_split"] = o.row_split;
+    d["wgmma"] = o.wgmma;
+    d["wgmma_128"] = o.wgmma_128;
+    d["half_rows"] = o.half_rows;
+    d["fp8_ctas"] = o.fp8_ctas;
+    d["pdl"] = o.pdl;
+    return d;
+  });
 #ifdef JAX_PAGED_TRACE
   m.def("set_grouped_trace", &JaxPagedSetGroupedTrace, nb::arg("buffer"), nb::arg("capacity_ctas"));
 #endif

@@ -68,8 +68,8 @@ struct PortableConfig {
   // Registers: the query's fragments (D / 8 per lane) and the output's (D / 4)
   // grow with the head size; the minimum resident CTAs bound the compiler's
   // register budget (65536 / (kThreads * kMinBlocks) per thread: 128, 170, 255).
-  // At 128 registers head sizes 96 and 112 spilled.
-  static constexpr int kMinBlocks = D <= 80 ? 4 : (D <= 192 ? 3 : 2);
+  // At 128 registers head sizes 96 and 112 spilled, at 170 fp8 at 192 (sm_80).
+  static constexpr int kMinBlocks = D <= 80 ? 4 : (D <= 128 || (D <= 192 && !kFp8) ? 3 : 2);
 };
 
 // Resident CTAs per SM for `smem_bytes` of dynamic shared memory on a device of

@@ -110,9 +110,9 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
     partition of the table's capacity. ``ctas_per_sm``, ``rows_per_cta``:
     resident CTAs per SM and query rows per CTA of the CUDA kernel the call runs
     (grouped_ctas_per_sm, grouped_rows_per_cta)."""
-    # Measured on the H200 (BENCHMARKS.md): rounding the split count down
-    # beats rounding up (a partial extra wave of CTAs costs more than it
-    # gains), and one split is best once the CTAs fill every SM's slots.
+    # Rounding the split count down beats rounding up (a partial extra wave of
+    # CTAs costs more than it gains), and one split is best once the CTAs fill
+    # every SM's slots (docs/development.md).
     workers = ctas_per_sm * _num_sms() if platform == "cuda" else _cpu_threads()
     # CTAs per partition: one per (sequence, KV head, chunk of rows_per_cta query rows).
     chunks = -(-_rows_per_kv_head(dims) // rows_per_cta) if platform == "cuda" else 1
@@ -123,8 +123,7 @@ def grouped_partition_size(platform: str, dims: _shapes.AttentionDims,
         # One partition of the whole table, also with a window: each CTA reads
         # its own window's blocks (from the window's first one), with no reduce,
         # where partitions of the window's length would put most windows across
-        # two of them, with empty ones around (a CTA each): 74-88% -> 89-98% of
-        # copy on the B*Hkv >= 256 rows (BENCHMARKS.md, seventeenth session).
+        # two of them, with empty ones around (a CTA each; docs/development.md).
         return dims.capacity
     size = -(-context // splits)
     return max(dims.block_size, -(-size // dims.block_size) * dims.block_size)
@@ -150,13 +149,13 @@ def resolve_impl(impl: str, platform: str, dims: _shapes.AttentionDims,
     if platform == "cuda" and grouped_ok:
         # The split-KV grouped kernel reads each page once per KV head and
         # sizes its split to the GPU; it beat V1 and V2 on every measured
-        # configuration (BENCHMARKS.md).
+        # configuration (docs/performance.md).
         return "grouped"
     context = _context_tokens(dims, sliding_window)
     if max(1, -(-context // partition_size)) == 1:
         return "v1"
     if platform == "cuda":
-        # Crossover measured on the H200 (BENCHMARKS.md, "Classic V1 vs V2"):
+        # Crossover measured on the H200 (docs/development.md):
         # V1 only for short contexts over a large grid; vLLM 0.6.0's wider
         # rule (V1 up to 8192 tokens) was 7% slower at 64 x 32 heads x 4k.
         if context <= 2048 and dims.num_seqs * dims.q_len * dims.num_heads >= 1024:
@@ -198,20 +197,48 @@ def grouped_rows_per_cta(dims: _shapes.AttentionDims, query_dtype) -> int:
     tensor-core row tile), or 32 or 64 for multi-token queries with more than
     16 rows per KV head (the row split, 16-bit queries: 32 or 64 rows at head sizes
     <= 128, 64 at larger heads, there for fp8 caches only above 32 rows per KV head;
-    the environment variable JAX_PAGED_ROW_SPLIT=0 switches it off); 16 without the
-    module."""
+    the development option row_split=0 switches it off); 16 without the module."""
     module = _native.cuda_module
     if module is None:
         return 16
     return module.grouped_rows_per_cta(*_grouped_layout_args(dims, query_dtype)) or 16
 
 
+def gpu_compute_capability() -> tuple[int, int] | None:
+    """(major, minor) of the first GPU, or None where it cannot be read."""
+    try:
+        major, minor = str(jax.devices("gpu")[0].compute_capability).split(".")[:2]
+        return int(major), int(minor)
+    except (RuntimeError, AttributeError, IndexError, TypeError, ValueError):
+        return None
+
+
+def grouped_form() -> str | None:
+    """Which grouped kernel impl="grouped" runs on this process's GPU (the CUDA
+    handler's rule, csrc/ffi/cuda_grouped.cu): "hopper" on compute capability 9.x,
+    "portable" on 8.x and newer GPUs (or anywhere under the development option
+    ``portable``), None below 8.0, where only V1 and V2 run."""
+    cc = gpu_compute_capability()
+    module = _native.cuda_module
+    forced = module is not None and bool(module.kernel_options().get("portable", False))
+    if cc is None:
+        return "portable" if forced else "hopper"
+    if cc[0] < 8:
+        return None
+    return "hopper" if cc[0] == 9 and not forced else "portable"
+
+
 def grouped_supports(dims: _shapes.AttentionDims, query_dtype) -> bool:
-    """Whether the CUDA grouped kernel takes the call: every feature, except
-    fp8 caches under a float32 query (its fp8 path runs the f16 tensor cores
-    and stages a 16-bit query); impl="grouped" then runs classic V2."""
+    """Whether the CUDA grouped kernel takes the call on this GPU: every feature,
+    except fp8 caches under a float32 query (the fp8 path runs 16-bit tensor-core
+    products) and, on the portable kernel, float32 queries; impl="grouped" then
+    runs classic V2. Below compute capability 8.0 it takes none."""
+    form = grouped_form()
+    if form is None:
+        return False
+    f32 = jnp.dtype(query_dtype) == jnp.float32
     fp8 = dims.cache_dtype is not None and _shapes.is_fp8(dims.cache_dtype)
-    return not (fp8 and jnp.dtype(query_dtype) == jnp.float32)
+    return not (f32 and (fp8 or form == "portable"))
 
 
 # --------------------------------------------------------------------------
@@ -285,6 +312,11 @@ def _attention_native(platform, query, key_cache, value_cache, block_tables, seq
                                     partition_size=partition_size, soft_cap=soft_cap,
                                     sliding_window=sliding_window, return_lse=return_lse)
     grouped_ok = grouped_supports(dims, query.dtype)
+    if platform == "cuda" and impl == "grouped" and grouped_form() is None:
+        cc = gpu_compute_capability()
+        raise ValueError(
+            f"paged_attention: impl='grouped' needs a GPU of compute capability 8.0 or newer, "
+            f"this one has {cc[0]}.{cc[1]}; use impl='auto' or 'v2'")
     impl = resolve_impl(impl, platform, dims, partition_size, sliding_window, grouped_ok)
     params = dict(scale=scale, impl=impl, partition_size=partition_size, soft_cap=soft_cap,
                   sliding_window=sliding_window, return_lse=return_lse)

@@ -28,11 +28,14 @@ struct KernelOptions {
   int fp8_ctas = 0;
   // The V2 reduce launched as a programmatic dependent of the attention kernel (sm_90+).
   bool pdl = true;
+  // impl="grouped" on the portable (sm_80) kernel on every GPU, Hopper included: how
+  // the GPU suite tests the Ampere / Ada path on an H100 or H200.
+  bool portable = false;
 };
 
 constexpr const char* kKernelOptionsVariable = "JAX_PAGED_DEV_OPTIONS";
 constexpr const char* kKernelOptionsAccepted =
-    "row_split, wgmma, wgmma_128, half_rows, pdl (0 or 1), fp8_ctas (0, 2 or 4)";
+    "row_split, wgmma, wgmma_128, half_rows, pdl, portable (0 or 1), fp8_ctas (0, 2 or 4)";
 
 // Applies one "name=value" entry to `o`. Returns nullptr, or what is wrong with the
 // entry (`o` then as it was): no '=', an unknown name, or a value the name does not take.
@@ -51,6 +54,7 @@ inline const char* ApplyKernelOption(const std::string& entry, KernelOptions& o)
                : name == "wgmma_128" ? &o.wgmma_128
                : name == "half_rows" ? &o.half_rows
                : name == "pdl"       ? &o.pdl
+               : name == "portable"  ? &o.portable
                                      : nullptr;
   if (flag == nullptr) return "unknown name";
   if (value != "0" && value != "1") return "value not 0 or 1";

@@ -1,12 +1,13 @@
 // XLA FFI handler of the split-KV, GQA-grouped decode kernel
 // (jax_paged_attention_grouped): the extended V2 contract (operands,
 // attributes and results, workspace and lse included; see
-// BindAttentionOperands), a different kernel (kernels/grouped_attention.cuh).
-// Unpack + check (common.h), dtype dispatch (DispatchScalar, DispatchFp8:
-// fp8 caches with f16/bf16 queries), head-size dispatch (cuda_dispatch.cuh);
-// no allocation, no host synchronisation (command-buffer compatible).
-// Compiles no kernel: the launchers are instantiated in
-// cuda_grouped_{f32,f16,bf16}.cu and cuda_grouped_{fp8e4m3,fp8e5m2}_{a,b}.cu.
+// BindAttentionOperands), a different kernel: the Hopper form
+// (cuda/grouped_attention.cuh) on compute capability 9.x, the portable one
+// (cuda/sm80/) on 8.x and on newer GPUs. Unpack + check (common.h), dtype
+// dispatch (fp8 caches with f16/bf16 queries), head-size dispatch
+// (cuda_dispatch.cuh); no allocation, no host synchronisation (command-buffer
+// compatible). Compiles no kernel: the launchers are instantiated in
+// cuda/instances/.
 #include <cuda_runtime.h>
 
 #include "ffi/xla_ffi.h"
@@ -20,6 +21,8 @@
 #include "cuda/dtypes.cuh"
 #include "cuda/grouped_launch.h"
 #include "cuda/launch.h"
+#include "cuda/options.h"
+#include "cuda/sm80/launch.h"
 #include "ffi/common.h"
 #include "ffi/cuda_dispatch.cuh"
 #include "ffi/handlers.h"
@@ -65,6 +68,39 @@ GroupedKernelInfo GroupedInfo(ScalarKind query_kind, CacheKind cache_kind, int h
   return info;
 }
 
+// Whether impl="grouped" runs the portable kernel on `device`: every GPU but
+// compute capability 9.x (the Hopper form's bulk copies and its sm_90a machine
+// code), or any GPU under the development option `portable`.
+bool UsePortable(int device) {
+  const int major = ComputeCapabilityMajor(device);
+  return GetKernelOptions().portable || major != 9;
+}
+
+// The portable kernel's CTAs per SM (shared memory and its launch bounds) and rows.
+GroupedKernelInfo PortableInfo(CacheKind cache_kind, int head_size, int device) {
+  GroupedKernelInfo info;
+  const int cache_elem = cache_kind == CacheKind::kSameAsQuery ? 2 : 1;
+  info.smem_bytes = sm80::PortableSmemBytes(cache_elem, head_size);
+  if (info.smem_bytes == 0) return info;
+  int min_blocks = 0;
+  DispatchHeadSize(head_size, [&](auto head) {
+    constexpr int D = decltype(head)::value;
+    if constexpr (D % 16 == 0)
+      min_blocks = cache_elem == 1 ? sm80::PortableConfig<1, D>::kMinBlocks
+                                   : sm80::PortableConfig<2, D>::kMinBlocks;
+    else
+      min_blocks = sm80::PortableConfig<2, D>::kMinBlocks;
+    return ffi::Error::Success();
+  });
+  int smem_per_sm =
+      CachedDeviceAttribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(device);
+  if (smem_per_sm <= 0) smem_per_sm = 100 * 1024;  // the least of sm_86 / sm_89
+  info.ctas_per_sm = sm80::PortableCtasPerSm(static_cast<int>(info.smem_bytes), smem_per_sm,
+                                             min_blocks);
+  info.rows_per_cta = sm80::kPortableRowsPerCta;
+  return info;
+}
+
 }  // namespace grouped
 }  // namespace cuda
 
@@ -100,13 +136,20 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return CudaError(op, err);
   const int major = cuda::ComputeCapabilityMajor(device);
-  if (major > 0 && major < 9)
-    return ArgError(std::string(op) + ": the grouped kernel needs compute capability 9.0 "
-                    "(Hopper) or newer (bulk copies); use impl=\"v2\" on this GPU");
+  if (major > 0 && major < 8)
+    return ArgError(std::string(op) + ": the grouped kernel needs compute capability 8.0 "
+                    "(Ampere) or newer; use impl=\"v2\" on this GPU");
+  const bool portable = cuda::grouped::UsePortable(device);
+  if (portable && kind == ScalarKind::kF32)
+    return ArgError(std::string(op) + ": a float32 query needs compute capability 9.x here; "
+                    "use impl=\"v2\" on this GPU");
   const size_t smem =
-      cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size, cuda::grouped::RowsPerKvHead(p),
-                                 p.q_len, int64_t{p.num_seqs} * p.num_kv_heads)
-          .smem_bytes;
+      portable
+          ? cuda::grouped::PortableInfo(p.cache_kind, p.head_size, device).smem_bytes
+          : cuda::grouped::GroupedInfo(kind, p.cache_kind, p.head_size,
+                                       cuda::grouped::RowsPerKvHead(p), p.q_len,
+                                       int64_t{p.num_seqs} * p.num_kv_heads)
+                .smem_bytes;
   const int optin = cuda::MaxSharedMemoryOptin(device);
   if (optin > 0 && smem > static_cast<size_t>(optin))
     return ArgError(std::string(op) + ": needs " + std::to_string(smem) +
@@ -125,8 +168,15 @@ ffi::Error RunGroupedAttention(cudaStream_t stream, PagedAttentionParams& p, Sca
         if constexpr (sizeof(TC) == 1 && kHead % 16 != 0) {
           return ffi::Error::Internal("unreachable: fp8 head size checked above");
         } else {
-          const cudaError_t err =
-              cuda::grouped::LaunchGroupedAttention<T, TC, kHead>(p, device, stream);
+          cudaError_t err;
+          if constexpr (std::is_same_v<T, float>) {
+            err = cuda::grouped::LaunchGroupedAttention<T, TC, kHead>(p, device, stream);
+          } else {
+            err = portable ? cuda::sm80::LaunchPortableGroupedAttention<T, TC, kHead>(p, device,
+                                                                                     stream)
+                           : cuda::grouped::LaunchGroupedAttention<T, TC, kHead>(p, device,
+                                                                                stream);
+          }
           return err == cudaSuccess ? ffi::Error::Success() : CudaError(op, err);
         }
       });
@@ -158,17 +208,39 @@ jax_paged::cuda::grouped::GroupedKernelInfo InfoForItemsizes(int query_itemsize,
 }
 }  // namespace
 
+namespace {
+// The layout of the kernel impl="grouped" runs on the current device: the partition
+// rule (jax_paged/primitives.py) sizes its split with it.
+jax_paged::cuda::grouped::GroupedKernelInfo CurrentDeviceInfo(int query_itemsize,
+                                                              int cache_itemsize, int head_size,
+                                                              int rows_per_kv_head, int q_len,
+                                                              int64_t seq_kv_heads) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    device = -1;
+  }
+  if (device >= 0 && query_itemsize == 2 && jax_paged::cuda::grouped::UsePortable(device)) {
+    return jax_paged::cuda::grouped::PortableInfo(
+        cache_itemsize == 1 ? jax_paged::CacheKind::kFp8E4M3 : jax_paged::CacheKind::kSameAsQuery,
+        head_size, device);
+  }
+  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len,
+                          seq_kv_heads);
+}
+}  // namespace
+
 int JaxPagedGroupedCtasPerSm(int query_itemsize, int cache_itemsize, int head_size,
                              int rows_per_kv_head, int q_len, int64_t seq_kv_heads) {
-  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len,
-                          seq_kv_heads)
+  return CurrentDeviceInfo(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len,
+                           seq_kv_heads)
       .ctas_per_sm;
 }
 
 int JaxPagedGroupedRowsPerCta(int query_itemsize, int cache_itemsize, int head_size,
                               int rows_per_kv_head, int q_len, int64_t seq_kv_heads) {
-  return InfoForItemsizes(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len,
-                          seq_kv_heads)
+  return CurrentDeviceInfo(query_itemsize, cache_itemsize, head_size, rows_per_kv_head, q_len,
+                           seq_kv_heads)
       .rows_per_cta;
 }
 

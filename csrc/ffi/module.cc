@@ -81,6 +81,7 @@ NB_MODULE(JAX_PAGED_MODULE_NAME, m) {
     d["half_rows"] = o.half_rows;
     d["fp8_ctas"] = o.fp8_ctas;
     d["pdl"] = o.pdl;
+    d["portable"] = o.portable;
     return d;
   });
 #ifdef JAX_PAGED_TRACE

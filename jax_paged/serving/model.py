@@ -46,8 +46,8 @@ Parameters are a plain pytree (dicts and lists of ``jax.Array``); linear weights
 
 Tensor parallelism (Megatron-style, over a 1-D mesh axis ``"tp"``): :func:`shard_params` places
 the q/k/v and gate/up weights split on their output columns and o_proj/down_proj on their input
-rows; the paged paths take ``tensor_parallel=True`` to call the ``jax_paged.sharding`` variants
-of the cache ops, which run on each device's local KV heads. The layer math is unchanged: under
+rows; the paged cache ops carry their own partitioning rule and run on each device's local KV
+heads (caches sharded on their KV-heads axis). The layer math is unchanged: under
 ``jax.jit`` XLA partitions it and adds one all-reduce after o_proj and one after down_proj.
 """
 
@@ -64,7 +64,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_paged
-import jax_paged.sharding
 from jax_paged._shapes import is_fp8
 from jax_paged.reference import fp8_round_trip
 
@@ -531,13 +530,11 @@ def _scale_kwargs(kv_scales: KVScales, layer: int) -> dict:
 
 
 def paged_ops(tensor_parallel: bool):
-    """The module whose ``reshape_and_cache`` / ``paged_attention`` the paged paths call.
-
-    Tensor-parallel runs need ``jax_paged.sharding``: its partitioning rule keeps each device
-    on its own KV heads, where XLA would gather the whole cache around the plain primitives.
-    Single-device runs keep the plain ops, which (unlike the sharding variants) support vmap.
-    """
-    return jax_paged.sharding if tensor_parallel else jax_paged
+    """The module whose ``reshape_and_cache`` / ``paged_attention`` the paged paths call:
+    the top-level ops in both cases, since they carry their own partitioning rule (each
+    device stays on its own KV heads under plain jit) and support vmap."""
+    del tensor_parallel
+    return jax_paged
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,8 +561,7 @@ def prefill_paged(
       tokens: int32 ``[R, T]`` right-padded prompts.
       prompt_lens: int32 ``[R]``; rows with 0 are padding rows.
       slot_mapping: int32 ``[R, T]`` cache slot of each prompt token, -1 for padding.
-      tensor_parallel: write through ``jax_paged.sharding`` (caches sharded on KV heads; see
-        :func:`paged_ops`).
+      tensor_parallel: caches sharded on KV heads (the ops are the same; see :func:`paged_ops`).
       kv_scales: fp8 caches: one ``(k_scale, v_scale)`` per layer (float32 scalars or
         ``[num_kv_heads]``); None means 1. The prompt attends its own K/V unquantised; the
         cache stores them quantised.
@@ -624,7 +620,7 @@ def decode_step_paged(
       block_tables: int32 ``[B, max_blocks_per_seq]``.
       slot_mapping: int32 ``[B]`` where the new token's K/V goes; -1 for idle slots.
       seq_lens: int32 ``[B]`` context length *including* the new token; 0 for idle slots.
-      tensor_parallel: use the ``jax_paged.sharding`` ops (see :func:`paged_ops`).
+      tensor_parallel: caches sharded on KV heads (the ops are the same; see :func:`paged_ops`).
       kv_scales: fp8 caches: one ``(k_scale, v_scale)`` per layer; None means 1. The query
         stays in the model's dtype (an fp8 cache needs a 16- or 32-bit query).
 

@@ -151,14 +151,18 @@ def test_no_cache_collectives_and_donation_in_place(params):
     assert {op for op, _, _ in collectives(hlo)} == {"all-reduce"}
 
 
-def test_detector_sees_cache_gathers_with_the_plain_ops(params):
-    """The check above can fail: the same loop with the plain ops (no partitioning rule) on the
-    same sharded caches makes XLA all-gather them."""
+def test_plain_ops_keep_caches_local_and_the_detector_sees_a_gather(params):
+    """The top-level ops shard under plain jit: the decode loop built without the
+    tensor-parallel switch keeps each device on its own KV heads too (no cache-sized
+    collective). The check can fail: replicating one sharded cache is an all-gather it sees."""
     mesh = tp_mesh(4)
     engine = Engine(CFG, params, EC, mesh=mesh)
     loop = make_decode_loop(CFG, EC, tensor_parallel=False)
     hlo = loop.lower(engine.params, engine.kv_caches, replicated_state(mesh), np.int32(4),
                      np.int32(1)).compile().as_text()
+    assert not cache_sized(hlo, cache_shapes(engine))
+    gather = jax.jit(lambda c: c + 0, out_shardings=NamedSharding(mesh, P()))
+    hlo = gather.lower(engine.kv_caches[0][0]).compile().as_text()
     assert cache_sized(hlo, cache_shapes(engine))
 
 

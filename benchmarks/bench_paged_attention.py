@@ -17,9 +17,15 @@ Every implementation is first checked against an independent float32 ground trut
 merit is the effective bandwidth: bytes of K and V of the valid tokens / time.
 
 Output: a progress bar while running, a JSON file of every number (``--json``), a
-PNG plot (``--png``) and, printed last, the tables. See benchmarks/README.md.
+PNG plot (``--png``) and, printed last, the tables. docs/performance.md describes the
+method and holds the committed tables.
+
+Each figure is by default the time of one call among dependent calls inside one jitted
+loop (``--method dependent``): each call's output, cast to the query's dtype, is the next
+call's query, as in a decode step, so no per-call cost can hide behind the next call.
 
     python benchmarks/bench_paged_attention.py                  # defaults, on the GPU
+    python benchmarks/bench_paged_attention.py --suite peers    # the peer-comparison rows
     python benchmarks/bench_paged_attention.py --quick          # tiny CPU smoke run
     python benchmarks/bench_paged_attention.py --config 16,40,8,4096,128,32 --config ragged:64,32,8,4096
     python benchmarks/bench_paged_attention.py --fp8 e4m3 --fp8 e5m2 --soft-cap 30 --window 1024
@@ -55,7 +61,7 @@ from jax import lax
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---------------------------------------------------------------------------
-# Figures quoted from issue 4 (same card model, an earlier run, NOT measured here).
+# Figures quoted from issue 4 (same card model, NOT measured by this benchmark).
 # bf16, head 128, block 16, all sequences of length L. (µs per call, TB/s).
 # ---------------------------------------------------------------------------
 QUOTED_SOURCE = ("issue 4 'Performance: beat FlashInfer on the H200' (H200, bf16, head 128, "
@@ -82,6 +88,21 @@ DEFAULT_CONFIGS = [
 ]
 QUICK_CONFIGS = ["2,4,2,40", "ragged:3,8,2,100,64,8", "2,6,6,33,128,32", "1,10,2,700"]
 
+# Presets (--suite): configurations, the fp8 formats their variant rows run, and the cache cap
+# (--max-cache-gb unless given) that lets the longest rows run. "peers": the rows of the peer
+# comparison, then small batches at long contexts (B = 1, 2, 4 at 8k-128k tokens; B = 8, 16 at
+# 4k-16k); every row also runs on an fp8 e4m3 cache. Its largest pool, 4 x 128k tokens, holds
+# 2 GiB of bf16 K and V (4 GiB with the Pallas copy), well inside an 80 GB card.
+SUITES = {
+    "peers": dict(
+        configs=(["64,32,8,4096", "256,32,8,1024", "1,32,8,32768", "8,32,8,8192",
+                  "32,32,32,2048", "128,64,8,2048"]
+                 + [f"{b},32,8,{n}" for b in (1, 2, 4) for n in (8192, 32768, 131072)]
+                 + [f"{b},32,8,{n}" for b in (8, 16) for n in (4096, 16384)]),
+        fp8=["e4m3"],
+        max_cache_gb=16.0),
+}
+
 DTYPES = {"bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16, "float16": jnp.float16,
           "fp16": jnp.float16, "half": jnp.float16, "float32": jnp.float32, "fp32": jnp.float32}
 # Relative L2 error ||out - truth|| / ||truth|| above which a result is flagged.
@@ -90,6 +111,17 @@ TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3, "float32": 2e-3}  # f32: Pallas 
 PALLAS_DEFAULTS = dict(block_h=16, pages_per_compute_block=8, k_splits=16, num_warps=8, num_stages=2)
 
 METHOD_TEXT = {
+    "dependent": ("dependent: each sample times one call of a jitted lax.fori_loop with a static trip "
+                  "count R whose carry is the query: each iteration calls the implementation on the "
+                  "n_sets rotated input sets in turn, passing over them until at least "
+                  "--min-calls-per-iter calls, and each call's output, cast to the query's dtype, is "
+                  "the next call's query (attention outputs are convex combinations of V rows, so the "
+                  "chain stays bounded). No call can start before the previous one has finished, as "
+                  "in a decode step, so whatever a call costs beyond its own kernels (launch, ramp, "
+                  "its reduce, its tail) is counted. Loop lengths, slope pairs and medians as the "
+                  "loop method: time per call = (time of 2R - time of R) / (R * "
+                  "calls_per_iteration), median of --reps interleaved pairs after compilation and "
+                  "warm-up."),
     "loop": ("loop: each sample times one call of a jitted lax.fori_loop with a static trip count "
              "R; each iteration calls the implementation on the n_sets rotated input sets in turn, "
              "passing over them until at least --min-calls-per-iter calls (the loop's own "
@@ -101,7 +133,7 @@ METHOD_TEXT = {
              "if the measured R samples last under 0.4x half the target, i.e. the probes ran slow: "
              "'probe_R' in the JSON is the probes' R): (time of 2R - time "
              "of R) / (R * calls_per_iteration), so that whatever a sample costs once (dispatch, "
-             "sync, setup of the loop; about 0.6-1.0 ms on the H200) cancels "
+             "sync, setup of the loop) cancels "
              "instead of being spread over the sample's calls; reported figure = median of --reps "
              "pairs, taken after compilation and a warm-up run of both loops ('average_per_call_s': "
              "the 2R samples divided by their calls, which carries that cost; "
@@ -262,18 +294,39 @@ def _loop_fn(step, R: int, n_sets: int, unroll: int):
     return jax.jit(run)
 
 
-def time_loop(step, carry0, sets, args) -> dict:
-    """Per-call time of `step` via a jitted fori_loop (see METHOD_TEXT['loop'])."""
+def _dependent_fn(step, R: int, n_sets: int, unroll: int):
+    """The loop of METHOD_TEXT['dependent']: R iterations of unroll passes over the sets, the
+    carry a query that each call replaces with its own output in the query's dtype."""
+    def run(q, sets):
+        def body(_, c):
+            for _ in range(unroll):
+                for s in range(n_sets):
+                    c = step(c, *sets[s]).astype(c.dtype)
+            return c
+        return lax.fori_loop(0, R, body, q)
+    return jax.jit(run)
+
+
+def time_dependent(step, q0, sets, args) -> dict:
+    """Per-call time of `step` as dependent calls in one jitted loop (METHOD_TEXT['dependent'])."""
+    return time_loop(step, q0, sets, args, method="dependent")
+
+
+def time_loop(step, carry0, sets, args, method: str = "loop") -> dict:
+    """Per-call time of `step` via a jitted fori_loop (METHOD_TEXT[method], "loop" or
+    "dependent": the two differ only in the loop they build)."""
+    if method not in ("loop", "dependent"):
+        raise ValueError(f"time_loop method: got {method!r}, expected 'loop' or 'dependent'")
+    build = _dependent_fn if method == "dependent" else _loop_fn
     n = len(sets)
-    # Passes over the sets per iteration: a loop iteration has a fixed cost
-    # (about 6 us on the H200: ~3 us per call at 2 calls per iteration, B=1),
-    # which belongs to no implementation.
+    # Passes over the sets per iteration: a loop iteration has a fixed cost of its own
+    # (docs/performance.md), which belongs to no implementation.
     unroll = max(1, -(-args.min_calls_per_iter // n))
     n_calls = n * unroll
     # R is sized so that the short loop lasts half the target, the long one (2R) the target.
     target = args.target_ms * 1e-3 / 2
     R = 2
-    f = _loop_fn(step, R, n, unroll)
+    f = build(step, R, n, unroll)
     t_compile = _wall(lambda: f(carry0, sets))          # compile + first run
     _wall(lambda: f(carry0, sets))                      # warm-up
     per_call = None
@@ -286,11 +339,11 @@ def time_loop(step, carry0, sets, args) -> dict:
         if R_new <= R:
             break
         R = R_new
-        f = _loop_fn(step, R, n, unroll)
+        f = build(step, R, n, unroll)
         _wall(lambda: f(carry0, sets))                  # compile + warm-up
 
     def measure_pairs(f, R):
-        f_long = _loop_fn(step, 2 * R, n, unroll)
+        f_long = build(step, 2 * R, n, unroll)
         _wall(lambda: f_long(carry0, sets))             # compile + first run
         _wall(lambda: f_long(carry0, sets))             # warm-up
         short, long_ = [], []
@@ -310,7 +363,7 @@ def time_loop(step, carry0, sets, args) -> dict:
                     next_pow2(math.ceil(R * target / max(statistics.median(short), 1e-9))))
         if R_new > R:
             R = R_new
-            f = _loop_fn(step, R, n, unroll)
+            f = build(step, R, n, unroll)
             _wall(lambda: f(carry0, sets))              # compile + warm-up
             short, long_ = measure_pairs(f, R)
     calls = R * n_calls
@@ -320,7 +373,7 @@ def time_loop(step, carry0, sets, args) -> dict:
     if not median > 0:
         # Noise above the work (a trivial step on a busy CPU): the long loop's average.
         median = average
-    return dict(method="loop", median_s=median, samples_s=samples,
+    return dict(method=method, median_s=median, samples_s=samples,
                 R=R, probe_R=probe_R, n_sets=n, calls_per_iteration=n_calls, calls_per_sample=calls,
                 average_per_call_s=average,
                 fixed_per_sample_s=statistics.median(2 * a - b for a, b in zip(short, long_)),
@@ -368,12 +421,22 @@ def time_dispatch(step_jit, carry0, sets, args) -> dict:
                 calls_per_sample=count, n_sets=n, probe_s=probe)
 
 
+# --method: the timings each choice runs, the first giving the row's figure.
+METHOD_CHOICES = {"dependent": ("dependent",), "loop": ("loop",), "dispatch": ("dispatch",),
+                  "both": ("loop", "dispatch"), "all": ("dependent", "loop", "dispatch")}
+
+
 def run_timing(step, carry0, sets, args, step_jit=None) -> dict:
+    """{method: timing} for each method of --method, in METHOD_CHOICES order (the first
+    is the row's figure)."""
     out = {}
-    if args.method in ("loop", "both"):
-        out["loop"] = time_loop(step, carry0, sets, args)
-    if args.method in ("dispatch", "both"):
-        out["dispatch"] = time_dispatch(step_jit or jax.jit(step), carry0, sets, args)
+    for m in METHOD_CHOICES[args.method]:
+        if m == "dependent":
+            out[m] = time_dependent(step, carry0, sets, args)
+        elif m == "loop":
+            out[m] = time_loop(step, carry0, sets, args)
+        else:
+            out[m] = time_dispatch(step_jit or jax.jit(step), carry0, sets, args)
     return out
 
 
@@ -804,7 +867,8 @@ def bench_config(cfg: Config, args, jp, impls: list[str], copy_tbps, bar,
                 r[m] = dict(us=tm["median_s"] * 1e6,
                             samples_us=[s * 1e6 for s in tm["samples_s"]],
                             **{k: v for k, v in tm.items() if k not in ("median_s", "samples_s", "method")})
-            main = t.get("loop") or t.get("dispatch")
+            r["method"] = METHOD_CHOICES[args.method][0]
+            main = t[r["method"]]
             r["us"] = main["median_s"] * 1e6
             r["spread"] = sample_spread(main["samples_s"])
             r["kv_bytes"] = kv_bytes
@@ -1039,10 +1103,13 @@ def feature_goal_check(cfg: Config, r: dict) -> str | None:
 def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     copy = meta["copy_bandwidth"].get("tbps")
     method = meta["args"]["method"]
+    methods = METHOD_CHOICES.get(method, (method,))
+    # A second column for the dispatch timing when it ran beside the row's figure.
+    disp_col = "dispatch" in methods[1:]
     lines = []
     hdr = (f"{'config':<24} {'impl':<14} {'us':>9} {'spread':>6} {'TB/s':>6} {'%copy':>6} {'%roof':>6} {'xref':>6} "
            f"{'xpallas':>7} {'xFI*':>6} {'max|err|':>9} {'rel err':>8} {'|d ref|':>8}  check")
-    if method == "both":
+    if disp_col:
         hdr = hdr.replace(f" {'TB/s':>6}", f" {'us(disp)':>9} {'TB/s':>6}")
     lines.append(hdr)
     lines.append("-" * len(hdr))
@@ -1069,7 +1136,7 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
             check = "ok" if ok else ("!!! MISMATCH !!!" if x.get("finite", True) else "!!! NaN/Inf !!!")
             row = (f"{cfg_col:<24} {name:<14} {us:9.1f} "
                    f"{fmt_pct(x.get('spread'))}% ")
-            if method == "both":
+            if disp_col:
                 row += f"{fmt(x.get('dispatch', {}).get('us'), '9.1f')} "
             row += (f"{fmt_bw(x['tbps'])} {fmt_pct(x.get('frac_copy'))}% {fmt_pct(x.get('frac_roofline'))}% "
                     f"{fmt(t_ref / us if t_ref else None, '6.2f')} "
@@ -1136,12 +1203,13 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     mm = meta.get("matmul_rate") or {}
     lines.append(f"matrix-product rate (this run): {fmt(mm.get('tflops'), '.3g')} TFLOP/s "
                  f"[{mm.get('kernel', '-')}, loop{'; ' + mm['error'] if mm.get('error') else ''}]")
-    fixed = [v["loop"]["fixed_per_sample_s"] for r in results for v in r["impls"].values()
-             if isinstance(v, dict) and "fixed_per_sample_s" in v.get("loop", {})]
-    if fixed:
-        lines.append(f"loop timing: per-sample cost cancelled by the R / 2R slope: median "
-                     f"{1e3 * statistics.median(fixed):.2f} ms (range {1e3 * min(fixed):.2f} to "
-                     f"{1e3 * max(fixed):.2f}) over {len(fixed)} timings")
+    for m in ("dependent", "loop"):
+        fixed = [v[m]["fixed_per_sample_s"] for r in results for v in r["impls"].values()
+                 if isinstance(v, dict) and "fixed_per_sample_s" in v.get(m, {})]
+        if fixed:
+            lines.append(f"{m} timing: per-sample cost cancelled by the R / 2R slope: median "
+                         f"{1e3 * statistics.median(fixed):.2f} ms (range {1e3 * min(fixed):.2f} to "
+                         f"{1e3 * max(fixed):.2f}) over {len(fixed)} timings")
     dev_opts = meta.get("jax_paged_development_options") or []
     if dev_opts:
         lines.append("jax_paged built with development options: " + " ".join(dev_opts)
@@ -1150,9 +1218,9 @@ def build_tables(results: list[dict], meta: dict, impl_order: list[str]) -> str:
     if env:
         lines.append("jax_paged environment: "
                      + " ".join(f"{k}={v}" for k, v in env.items()))
-    pairs = method != "dispatch"  # the loop method's samples come in (R, 2R) pairs
+    pairs = methods[0] != "dispatch"  # the loop methods' samples come in (R, 2R) pairs
     lines.append(f"device: {meta['device']} | jax {meta['jax_version']} | {meta['date']} | "
-                 f"dtype {meta['args']['dtype']} | timing: {method}, median of {meta['args']['reps']}"
+                 f"dtype {meta['args']['dtype']} | timing: {' + '.join(methods)}, median of {meta['args']['reps']}"
                  f"{' (R, 2R) pairs' if pairs else ''}, ~{meta['args']['target_ms']} ms per "
                  f"{'2R ' if pairs else ''}sample (see JSON 'method')")
     return "\n".join(lines)
@@ -1244,7 +1312,15 @@ def parse_args(argv=None):
                         "num_warps, num_stages)")
     p.add_argument("--pallas-tune", action="store_true",
                    help="also sweep Pallas k_splits x pages_per_compute_block per config, keep the best")
-    p.add_argument("--method", choices=["loop", "dispatch", "both"], default="loop")
+    p.add_argument("--method", choices=list(METHOD_CHOICES), default="dependent",
+                   help="how a call is timed (JSON meta 'method' describes each): dependent "
+                        "(default; each output is the next call's query, in one jitted loop), "
+                        "loop, dispatch, both (loop and dispatch) or all; the first of a "
+                        "combination gives each row's figure (its JSON 'method')")
+    p.add_argument("--suite", choices=sorted(SUITES), default=None,
+                   help="a preset instead of the default configurations: 'peers' = the peer "
+                        "comparison rows plus B = 1, 2, 4 at 8k-128k tokens and B = 8, 16 at "
+                        "4k-16k, each also with an fp8 e4m3 cache (--config adds to it)")
     p.add_argument("--reps", type=int, default=None, help="timed samples per measurement (median)")
     p.add_argument("--target-ms", type=float, default=None,
                    help="approximate length of one sample of the long loop (2R iterations)")
@@ -1261,8 +1337,9 @@ def parse_args(argv=None):
                    help="size n of the [n, n] matrix product whose same-run rate bounds the rows' "
                         "arithmetic (%%roof; default 8192 on a GPU, 2048 with --quick, 256 elsewhere; 0: "
                         "not measured)")
-    p.add_argument("--max-cache-gb", type=float, default=4.0,
-                   help="cap on cache bytes allocated per config (all sets, both layouts)")
+    p.add_argument("--max-cache-gb", type=float, default=None,
+                   help="cap on cache bytes allocated per config (all sets, both layouts; "
+                        "default 4, or the --suite's own cap)")
     p.add_argument("--rotate-mb", type=float, default=256.0,
                    help="caches smaller than this are replicated into several rotated input sets")
     p.add_argument("--max-sets", type=int, default=4)
@@ -1288,13 +1365,20 @@ def parse_args(argv=None):
                    help="comma-separated impls the --fp8 / --soft-cap / --window / --q-len rows "
                         "run (default: auto)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="default benchmarks/results/<date>-<device>.json "
-                   "(with --quick: out/bench/<date>-<device>-quick.json)")
+    p.add_argument("--json", default=None, help="default out/bench/<date>-<device>.json "
+                   "(with --quick: ...-quick.json); benchmarks/make_tables.py reads every file "
+                   "in benchmarks/results/, so a run goes there only when named")
     p.add_argument("--png", default=None, help="default: the JSON path with .png")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--verbose", "-v", action="store_true")
     args = p.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
+    if args.suite and args.quick:
+        p.error(f"--suite {args.suite} and --quick both choose the configurations; give one")
+    suite = SUITES.get(args.suite, {})
+    if args.max_cache_gb is None:
+        args.max_cache_gb = suite.get("max_cache_gb", 4.0)
+    args.fp8 = list(dict.fromkeys(list(args.fp8) + suite.get("fp8", [])))
     if args.reps is None:
         args.reps = 5 if args.quick else 15
     if args.target_ms is None:
@@ -1329,12 +1413,20 @@ def parse_args(argv=None):
     return p, args
 
 
+def config_specs(args) -> list[str]:
+    """The configuration strings a run measures: the --suite's, --quick's or the defaults
+    (none with --no-defaults), then each --config."""
+    if args.suite:
+        base = SUITES[args.suite]["configs"]
+    else:
+        base = QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS
+    return ([] if args.no_defaults else list(base)) + list(args.config)
+
+
 def main(argv=None) -> int:
     p, args = parse_args(argv)
-    base = QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS
-    specs = ([] if args.no_defaults else list(base)) + list(args.config)
     try:
-        configs = list(dict.fromkeys(parse_config(s, args.dtype) for s in specs))
+        configs = list(dict.fromkeys(parse_config(s, args.dtype) for s in config_specs(args)))
     except ValueError as e:
         p.error(str(e))
     if not configs:
@@ -1350,12 +1442,10 @@ def main(argv=None) -> int:
     device_name = getattr(dev, "device_kind", str(dev))
     now = datetime.datetime.now(datetime.timezone.utc)
     stem = f"{now:%Y-%m-%d}-{slug(device_name)}"
-    if args.json:
-        json_path = args.json
-    elif args.quick:   # smoke runs stay out of benchmarks/results (out/ is git-ignored)
-        json_path = os.path.join(REPO_ROOT, "out", "bench", stem + "-quick.json")
-    else:
-        json_path = os.path.join(REPO_ROOT, "benchmarks", "results", stem + ".json")
+    # By default out/ (git-ignored): benchmarks/make_tables.py reads every file in
+    # benchmarks/results/, so a run goes there only when --json names it.
+    json_path = args.json or os.path.join(REPO_ROOT, "out", "bench",
+                                          stem + ("-quick" if args.quick else "") + ".json")
     png_path = args.png or os.path.splitext(json_path)[0] + ".png"
     if "all" in args.extra_impls:     # every impl the package declares
         declared = list(getattr(getattr(jp, "primitives", None), "IMPLS", ()))
@@ -1394,7 +1484,7 @@ def main(argv=None) -> int:
         python=platform.python_version(),
         copy_bandwidth=copy,
         matmul_rate=matmul,
-        method={k: v for k, v in METHOD_TEXT.items() if args.method in (k, "both")},
+        method={m: METHOD_TEXT[m] for m in METHOD_CHOICES[args.method]},
         bandwidth_definition=("effective TB/s = sum over sequences of seq_len * num_kv_heads * "
                               "head_size * 2 (K and V) * itemsize, divided by the time per call"),
         roofline_definition=("roofline_us = max(io_bytes / copy bandwidth, flops / matrix-product "

@@ -28,6 +28,97 @@ def test_loop_makes_r_times_calls_per_iteration_calls(n_sets, unroll):
     assert got == R * unroll * sum(range(1, n_sets + 1))
 
 
+@pytest.mark.parametrize("n_sets,unroll", [(1, 8), (2, 4), (3, 1)])
+def test_dependent_loop_chains_its_calls_in_order(n_sets, unroll):
+    """Each call of the dependent loop takes the previous call's output as its query: a step
+    that counts its calls in slot 0 and writes its set's id into the slot of that count
+    leaves the R * unroll * n_sets calls, in order. It returns float32 where the query is
+    int32: the loop casts each output back to the query's dtype."""
+    R = 4
+    calls = R * unroll * n_sets
+
+    def step(c, set_id):
+        n = c[0]
+        return c.at[0].add(1).at[n + 1].set(set_id).astype(jnp.float32)
+
+    sets = [(jnp.int32(10 + s),) for s in range(n_sets)]
+    f = bench._dependent_fn(step, R, n_sets, unroll)
+    got = np.asarray(f(jnp.zeros(calls + 1, jnp.int32), sets))
+    assert got.dtype == np.int32
+    assert got[0] == calls
+    assert got[1:].tolist() == [10 + s for _ in range(R * unroll) for s in range(n_sets)]
+
+
+def test_dependent_is_the_default_method_and_gives_the_figure():
+    _, args = bench.parse_args([])
+    assert args.method == "dependent"
+    assert bench.METHOD_CHOICES[args.method] == ("dependent",)
+    args = argparse.Namespace(target_ms=0.5, max_loop=4, reps=2, min_calls_per_iter=2,
+                              method="all")
+    t = bench.run_timing(lambda c, inc: c + inc, jnp.float32(0), [(jnp.float32(1),)], args)
+    assert list(t) == ["dependent", "loop", "dispatch"]
+    assert [x["method"] for x in t.values()] == ["dependent", "loop", "dispatch"]
+    with pytest.raises(ValueError, match="time_loop method: got 'graph'"):
+        bench.time_loop(lambda c: c, jnp.float32(0), [()], args, method="graph")
+
+
+def test_peers_suite_expands_to_its_rows_with_fp8_and_fits_an_80gb_card():
+    _, args = bench.parse_args(["--suite", "peers", "--no-pallas"])
+    peers = ["64,32,8,4096", "256,32,8,1024", "1,32,8,32768", "8,32,8,8192",
+             "32,32,32,2048", "128,64,8,2048"]
+    small_batch = ["1,32,8,8192", "1,32,8,32768", "1,32,8,131072",
+                   "2,32,8,8192", "2,32,8,32768", "2,32,8,131072",
+                   "4,32,8,8192", "4,32,8,32768", "4,32,8,131072",
+                   "8,32,8,4096", "8,32,8,16384", "16,32,8,4096", "16,32,8,16384"]
+    specs = bench.config_specs(args)
+    assert specs[:6] == peers and sorted(specs[6:]) == sorted(small_batch)
+    configs = {bench.parse_config(s, args.dtype) for s in specs}
+    assert len(configs) == len(peers) + len(small_batch) - 1  # 1 x 32768 is in both lists
+    # Every row also runs on an fp8 e4m3 cache (the peers' two fp8 rows among them).
+    assert args.fp8 == ["e4m3"] and ("auto+fp8e4m3", "auto", "fp8e4m3") in bench.variant_list(args)
+    # The longest rows fit the suite's cache cap, which is far inside an 80 GB card.
+    assert args.max_cache_gb <= 24
+    for cfg in configs:
+        plan = bench.plan_config(cfg, args)
+        assert not plan["too_big"], cfg.label
+        assert plan["alloc_bytes"] <= args.max_cache_gb * 2 ** 30
+    # With the Pallas copy too, 4 x 128k tokens still fit.
+    _, args = bench.parse_args(["--suite", "peers"])
+    assert not bench.plan_config(bench.parse_config("4,32,8,131072", args.dtype), args)["too_big"]
+    # An explicit cap wins, and --config adds to the preset.
+    _, args = bench.parse_args(["--suite", "peers", "--max-cache-gb", "1", "--config", "3,8,8,64"])
+    assert args.max_cache_gb == 1 and bench.config_specs(args)[-1] == "3,8,8,64"
+    _, args = bench.parse_args([])
+    assert args.max_cache_gb == 4.0 and args.fp8 == [] and "1,32,8,131072" not in bench.config_specs(args)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--suite", "peers", "--quick"])
+
+
+def test_quick_run_records_the_dependent_method_outside_the_results_folder(tmp_path, monkeypatch):
+    """A --quick run with the default method: every timed row's figure comes from the
+    dependent loop and says so, the meta describes the method, and the JSON goes to
+    out/bench/, not benchmarks/results/ (which benchmarks/make_tables.py reads whole)."""
+    import json
+    monkeypatch.setattr(bench, "REPO_ROOT", str(tmp_path))
+    rc = bench.main(["--quick", "--no-classic", "--no-pallas", "--no-reference", "--reps", "2",
+                     "--target-ms", "1", "--max-loop", "2", "--no-progress"])
+    assert rc == 0
+    (path,) = (tmp_path / "out" / "bench").glob("*-quick.json")
+    assert not (tmp_path / "benchmarks").exists()
+    with open(path) as f:
+        result = json.load(f)
+    assert result["meta"]["args"]["method"] == "dependent"
+    assert list(result["meta"]["method"]) == ["dependent"]
+    assert result["meta"]["method"]["dependent"].startswith("dependent: ")
+    assert len(result["results"]) == len(bench.QUICK_CONFIGS)
+    for row in result["results"]:
+        auto = row["impls"]["auto"]
+        assert auto["ok"] and auto["method"] == "dependent" and "loop" not in auto
+        assert auto["us"] == pytest.approx(auto["dependent"]["us"])
+        assert auto["dependent"]["calls_per_sample"] == auto["dependent"]["R"] * auto[
+            "dependent"]["calls_per_iteration"]
+
+
 def test_time_loop_reports_calls_per_iteration():
     args = argparse.Namespace(target_ms=0.5, max_loop=8, reps=3, min_calls_per_iter=8)
     t = bench.time_loop(lambda c, inc: c + inc, jnp.float32(0), [(jnp.float32(1),)] * 3, args)
@@ -183,7 +274,7 @@ def test_no_classic_rows_and_run_time_switches_in_the_json(tmp_path, monkeypatch
     assert auto["flops"] == 4 * 64 * 4 * 2 * 64        # 2 sequences of 64 tokens, 4 heads
     assert 0 < auto["frac_roofline"] == pytest.approx(auto["roofline_us"] / auto["us"])
     # Each row's sample spread, from the samples of its figure, printed beside its time.
-    samples = auto["loop"]["samples_us"]
+    samples = auto[auto["method"]]["samples_us"]
     assert len(samples) == 2
     assert auto["spread"] == pytest.approx(bench.sample_spread(samples))
     lines = capsys.readouterr().out.splitlines()

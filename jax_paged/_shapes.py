@@ -128,21 +128,28 @@ def check_head_size(head_size: int) -> None:
                          f"got {head_size}")
 
 
-def check_concrete_scale(name: str, scale):
+def check_concrete_scale(name: str, scale, *, for_write: bool = False):
     """k_scale / v_scale given as host values (Python or NumPy numbers or arrays): every
-    element positive, finite and a normal float32 (device arrays and traced values are
-    not inspected: that would wait for the device). Returns the scale, a Python number
-    as a float32."""
+    element finite and, unless 0, a normal float32 (a denormal one is flushed by some
+    kernels and not by others). Reads take any sign and 0 (logits or values times the
+    scale); writes (``for_write``) divide by it, so 0 is refused there. Device arrays and
+    traced values are not inspected (that would wait for the device). Returns the scale,
+    a Python number as a float32."""
     if scale is None or isinstance(scale, (jax.Array, jax.core.Tracer)):
         return scale
     try:
         values = np.asarray(scale, dtype=np.float64)
     except (TypeError, ValueError):
         return scale  # the dtype check reports it
-    bad = ~((values >= float(_F32.tiny)) & (values <= float(_F32.max)))
+    magnitude = np.abs(values)
+    normal = (magnitude >= float(_F32.tiny)) & (magnitude <= float(_F32.max))
+    bad = ~(normal | ((magnitude == 0) & (not for_write)))
     if np.any(bad):
-        raise ValueError(f"{name} must be positive and finite, each in [{_F32.tiny:.4g}, "
-                         f"{_F32.max:.4g}] (normal float32), got {values[bad].ravel()[0]!r}")
+        allowed = ("nonzero and finite, each of magnitude in" if for_write
+                   else "finite, each 0 or of magnitude in")
+        why = "; the write divides by it" if for_write else ""
+        raise ValueError(f"{name} must be {allowed} [{_F32.tiny:.4g}, {_F32.max:.4g}] "
+                         f"(normal float32{why}), got {values[bad].ravel()[0]!r}")
     if isinstance(scale, (int, float)) and not isinstance(scale, bool):
         return np.float32(scale)
     return scale

@@ -279,8 +279,8 @@ def reshape_and_cache(key: ArrayLike, value: ArrayLike, key_cache: ArrayLike,
       KV-heads axis are written on each device, with no collective.
     """
     args = tuple(map(jnp.asarray, (key, value, key_cache, value_cache, slot_mapping)))
-    k_scale = _shapes.check_concrete_scale("k_scale", k_scale)
-    v_scale = _shapes.check_concrete_scale("v_scale", v_scale)
+    k_scale = _shapes.check_concrete_scale("k_scale", k_scale, for_write=True)
+    v_scale = _shapes.check_concrete_scale("v_scale", v_scale, for_write=True)
     k_scale, v_scale = (None if a is None else jnp.asarray(a) for a in (k_scale, v_scale))
     _shapes.check_reshape_and_cache(*args, k_scale, v_scale)
     k_scale, v_scale = map(primitives.to_operand, (k_scale, v_scale))

@@ -121,17 +121,31 @@ def test_soft_cap_zero_is_off():
                                   np.asarray(jax_paged.paged_attention(*args)))
 
 
-@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), 1e300, 1e-46])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), 1e300, 1e-46])
 def test_host_fp8_scales_are_checked(value):
+    """Host fp8 scales: a write divides by them (0 refused; a negative one round-trips
+    with the same scale on read); a read multiplies (0 and negative allowed). NaN, inf,
+    beyond float32 and denormal are refused on both sides, naming the argument."""
     k = jnp.zeros((1, 2, 64), jnp.float32)
     kc = jnp.zeros((2, 2, 4, 16, 16), jnp.float8_e4m3fn)
     vc = jnp.zeros((2, 2, 64, 16), jnp.float8_e4m3fn)
-    with pytest.raises(ValueError, match="k_scale must be positive and finite"):
-        jax_paged.reshape_and_cache(k, k, kc, vc, np.zeros(1, np.int32), k_scale=value)
-    with pytest.raises(ValueError, match="v_scale must be positive and finite"):
-        jax_paged.paged_attention(jnp.zeros((1, 2, 64), jnp.float32), kc, vc,
-                                  np.zeros((1, 2), np.int32), np.ones(1, np.int32),
-                                  v_scale=np.array([1.0, value], np.float32))
+    write_ok = value == -1.0
+    read_ok = value in (0.0, -1.0)
+    write = lambda: jax_paged.reshape_and_cache(k, k, kc, vc, np.zeros(1, np.int32),  # noqa: E731
+                                                k_scale=value)
+    read = lambda: jax_paged.paged_attention(  # noqa: E731
+        jnp.zeros((1, 2, 64), jnp.float32), kc, vc, np.zeros((1, 2), np.int32),
+        np.ones(1, np.int32), v_scale=value)
+    if write_ok:
+        write()
+    else:
+        with pytest.raises(ValueError, match="k_scale must be nonzero and finite"):
+            write()
+    if read_ok:
+        assert np.all(np.isfinite(np.asarray(read())))
+    else:
+        with pytest.raises(ValueError, match="v_scale must be finite"):
+            read()
 
 
 @pytest.mark.parametrize("attrs,match", [

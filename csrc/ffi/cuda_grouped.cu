@@ -110,7 +110,7 @@ using cuda::CudaError;
 
 #ifdef JAX_PAGED_TRACE
 // Development builds: the trace buffer every grouped launch writes into
-// (set from Python, scripts/trace_case.py; 0 = none).
+// (set from Python, dev/trace_case.py; 0 = none).
 std::atomic<unsigned long long*> g_trace{nullptr};
 std::atomic<int> g_trace_capacity{0};
 #endif

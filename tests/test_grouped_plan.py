@@ -76,7 +76,7 @@ def test_development_options_are_read_by_the_layout():
     code = ("import jax.numpy as jnp, numpy as np; from jax_paged import _shapes, primitives; "
             "d = _shapes.AttentionDims(num_seqs=1, num_heads=32, head_size=128, num_blocks=64, "
             "num_kv_heads=8, block_size=16, max_blocks_per_seq=64, q_len=16); "
-            "f = _shapes.AttentionDims(**{**d.__dict__, 'q_len': None, "
+            "f = _shapes.AttentionDims(**{**d.__dict__, 'q_len': 1, "
             "'cache_dtype': np.dtype(jnp.float8_e4m3fn)}); "
             "big = _shapes.AttentionDims(**{**f.__dict__, 'num_seqs': 64}); "
             "print(primitives.grouped_rows_per_cta(d, jnp.bfloat16), "

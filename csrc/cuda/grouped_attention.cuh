@@ -79,6 +79,7 @@
 #include "cuda/launch.h"
 #include "cuda/options.h"
 #include "cuda/paged_attention.cuh"  // PagedAttentionReduceKernel, EnsureSmemOptin
+#include "cuda/sm80/ptx.cuh"          // Ldsm4, Mma16816, ...
 #include "params.h"
 #include "cuda/wgmma.cuh"
 
@@ -157,52 +158,11 @@ __device__ __forceinline__ void TensorCopy2dG2S(uint32_t dst, const CUtensorMap*
 }
 #endif  // JAX_PAGED_GROUPED_SM90
 
-__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void Ldsm2(uint32_t (&r)[2], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(addr));
-}
-
-// c += a * b, m16n8k16 (A row-major, B column-major), fp32 accumulators.
-template <typename T>
-__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-// c += a * b, m16n8k8 (the last 8 dims of head sizes that are 8 mod 16).
-template <typename T>
-__device__ __forceinline__ void Mma1688(float (&c)[4], const uint32_t (&a)[2], uint32_t b0) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5}, {%6}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b0));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5}, {%6}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b0));
-  }
-}
+// ldmatrix and mma.sync (sm_80-level instructions): the portable kernel's wrappers.
+using sm80::Ldsm2;
+using sm80::Ldsm4;
+using sm80::Mma1688;
+using sm80::Mma16816;
 
 // Two floats rounded to T, packed (lo in the low half): P's A fragment.
 template <typename T>

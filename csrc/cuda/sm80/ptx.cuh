@@ -1,7 +1,8 @@
 // PTX wrappers of the portable grouped kernel (sm_80 and newer: Ampere, Ada,
 // Hopper): asynchronous global -> shared copies (cp.async), ldmatrix,
 // mma.sync m16n8k16 / m16n8k8 with fp32 accumulators, and the register
-// conversions its products need. No Hopper-only instruction appears here.
+// conversions its products need; the Hopper form uses its ldmatrix and mma.sync
+// wrappers too. No Hopper-only instruction appears here.
 // Framework-free.
 #pragma once
 

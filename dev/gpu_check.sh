@@ -12,6 +12,11 @@
 #   3. tests     python3 -m pytest -q -k gpu tests   (the GPU cases; CPU cases run in CI), as
 #                TEST_JOBS concurrent shards (dev/sharded_pytest.py; the suite is
 #                compile-bound, so shards run side by side)
+#   3b. wheel    with WHEEL=1: python3 -m pip wheel --no-build-isolation --no-deps -w OUT/wheel .
+#                (the install stage's CMake arguments and build directory), installed into a
+#                fresh environment; fails if ldd lists libcudart / libcuda for its CUDA module;
+#                then wheel_tests: the tests stage's selection with that environment's python,
+#                from copies of tests/, examples/ and benchmarks/ outside this tree
 #   4. sanitizer compute-sanitizer --tool memcheck over dev/sanitizer_case.py
 #   5. bench     benchmarks/bench_paged_attention.py (JSON + PNG)
 #   5b. decode   with DECODE_VARIANTS set: examples/generate.py once per variant
@@ -21,9 +26,10 @@
 #
 # Environment:
 #   OUT              where logs and results go (the device tool sets it; default ./out/gpu_check).
-#                    Files written there (flat): install.log tests.log sanitizer.log
-#                    bench.log bench.json bench.png summary.txt sources.sha256 (the test shards' own logs go
-#                    to out/test_shards/; tests.log has the end of any failed shard's log)
+#                    Files written there (flat, but for wheel/): install.log tests.log sanitizer.log
+#                    bench.log bench.json bench.png summary.txt sources.sha256 wheel.log
+#                    wheel_tests.log wheel/*.whl (the test shards' own logs go to out/test_shards/
+#                    and out/wheel_test_shards/; tests.log has the end of any failed shard's log)
 #   PYTHON           interpreter (default python3)
 #   CMAKE_ARGS       for the install, after -DJAX_PAGED_DEV=OFF (see the install stage); a
 #                    development build names -DJAX_PAGED_DEV=ON and its options (dev/CMakeLists.txt),
@@ -62,13 +68,15 @@
 #                    DECODE_VARIANTS="--kv-cache-dtype model;--kv-cache-dtype float8_e4m3fn"
 #   DECODE_ARGS      arguments common to every decode variant (default: the Llama-3-8B shapes with
 #                    4 layers, 32 requests of 1000-2000 prompt tokens, 128 new tokens each)
+#   WHEEL=1          run the wheel and wheel_tests stages (JAX_PAGED_CUDA defaults to ON there)
 #   BUNDLE=1         pack OUT's files except summary.txt into OUT/bundle.tar.gz at the end
 #   ONLY_ON=NAME     run no stage unless nvidia-smi's first GPU name contains NAME (e.g.
 #                    ONLY_ON=H200): otherwise say so in summary.txt and exit 3 at once. (A call
 #                    for an H200 may be given an H100; a card-specific run then costs only the
 #                    machine's start, not an install and a suite whose figures do not compare.)
 #   INSTALL_TIMEOUT TESTS_TIMEOUT SANITIZER_TIMEOUT BENCH_TIMEOUT CEILING_TIMEOUT FLOOR_TIMEOUT DECODE_TIMEOUT
-#                    seconds per stage (defaults 420 / 540 / 240 / 420 / 120 / 300 / 240)
+#   WHEEL_TIMEOUT    seconds per stage (defaults 420 / 540 / 240 / 420 / 120 / 300 / 240 / 600;
+#                    wheel_tests has TESTS_TIMEOUT)
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -263,6 +271,76 @@ else
   fi
   DETAIL[tests]=$(grep -E "[0-9]+ (passed|failed|errors?|skipped)|no tests ran" "$OUTDIR/tests.log" | tail -n 1 | sed 's/=//g; s/^ *//')
   [ -z "${DETAIL[tests]}" ] && DETAIL[tests]="no pytest summary line; last: $(tail -n 1 "$OUTDIR/tests.log" | cut -c1-100)"
+fi
+
+# ---- 3b. wheel (WHEEL=1) -----------------------------------------------------
+# The wheel a user would install: built from this tree (the install stage's build directory
+# and CMake arguments, so a warm build is reused), installed into a fresh environment, its
+# CUDA module's libraries listed (the static CUDA runtime: no libcudart / libcuda), and the
+# GPU cases run there from copies of tests/, examples/ and benchmarks/ outside this tree.
+# Not `venv --system-site-packages`: that runs the system site's .pth files, among them the
+# editable install's import hook, which would take `jax_paged` back to this source tree; a
+# .pth of the interpreter's site directories adds them (jax, pytest) after the wheel's copy
+# without running their .pth files.
+if [ "${WHEEL:-0}" = 1 ]; then
+  WHEEL_WORK=$(mktemp -d "${TMPDIR:-/tmp}/jax_paged_wheel.XXXXXX")
+  WHEEL_SCRIPT=$(cat <<'EOF'
+set -e -o pipefail
+rm -rf "$WHEEL_DIR" && mkdir -p "$WHEEL_DIR"
+echo "--- CMAKE_ARGS=\"$CMAKE_ARGS\" JAX_PAGED_CUDA=$JAX_PAGED_CUDA $PY -m pip wheel --no-build-isolation --no-deps -w $WHEEL_DIR ."
+"$PY" -m pip wheel --no-build-isolation --no-deps -w "$WHEEL_DIR" .
+whl=$(ls "$WHEEL_DIR"/jax_paged-*.whl)
+"$PY" -m venv --without-pip "$WHEEL_WORK/venv"
+vpy=$WHEEL_WORK/venv/bin/python
+purelib=$("$vpy" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+"$PY" -c 'import os, site, sysconfig
+dirs = site.getsitepackages() + [site.getusersitepackages(), sysconfig.get_path("purelib")]
+print("\n".join(dict.fromkeys(d for d in dirs if os.path.isdir(d))))' > "$purelib/outer_site.pth"
+# The interpreter's own pip, run by the new one, installs into the new environment;
+# --ignore-installed leaves the editable install it also sees alone.
+"$vpy" -m pip install --no-deps --no-index --ignore-installed --no-warn-script-location "$whl"
+so=$(ls "$purelib"/jax_paged/_cuda*.so)
+echo "--- ldd $so"
+ldd "$so"
+if ldd "$so" | grep -E 'libcudart|libcuda\.so|not found'; then
+  echo "wheel: the CUDA module needs the libraries above (expected the static CUDA runtime)"; exit 1
+fi
+cd "$WHEEL_WORK"
+"$vpy" - "$WHEEL_WORK" <<'PYEOF'
+import os, sys
+import jax_paged, jax_paged._cuda
+for m in (jax_paged, jax_paged._cuda):
+    where = os.path.realpath(m.__file__)
+    if not where.startswith(os.path.realpath(sys.argv[1]) + os.sep):
+        raise SystemExit(f"wheel: {m.__name__} imported from {where}, expected under {sys.argv[1]}")
+if not jax_paged.has_cuda_kernels():
+    raise SystemExit("wheel: has_cuda_kernels() is False in the wheel's environment")
+print("wheel: jax_paged", jax_paged.__file__, "cuda kernels: True")
+PYEOF
+EOF
+)
+  PYTHONPATH='' WHEEL_DIR="$OUTDIR/wheel" WHEEL_WORK="$WHEEL_WORK" PY="$PY" \
+  JAX_PAGED_CUDA=${JAX_PAGED_CUDA:-ON} CMAKE_ARGS="${INSTALL_CMAKE_ARGS:--DJAX_PAGED_DEV=OFF}" \
+    run_stage wheel "$OUTDIR/wheel.log" "${WHEEL_TIMEOUT:-600}" bash -c "$WHEEL_SCRIPT"
+  wheel_rc=$?
+  DETAIL[wheel]="$(ls "$OUTDIR"/wheel/*.whl 2>/dev/null | head -n 1); CUDA module needs: $(
+    grep -oE '^\s*lib[^ ]+\.so[^ ]*' "$OUTDIR/wheel.log" | tr -d '\t ' | paste -sd' ')"
+  if [ "$wheel_rc" -eq 0 ]; then
+    mkdir -p "$WHEEL_WORK/src"
+    cp -r tests examples benchmarks "$WHEEL_WORK/src/"
+    # The GPU cases as the tests stage selects them, with the wheel environment's python,
+    # from the copies (so nothing of this tree is on the path).
+    # shellcheck disable=SC2206
+    if [ -n "${PYTEST_K:-}" ]; then PT_ARGS=(-q -k "$PYTEST_K"); else PT_ARGS=(${PYTEST_ARGS:--q -k gpu}); fi
+    PYTHONPATH='' run_stage wheel_tests "$OUTDIR/wheel_tests.log" "${TESTS_TIMEOUT:-540}" \
+      bash -c 'cd "$1" && shift && exec "$@"' _ "$WHEEL_WORK/src" "$WHEEL_WORK/venv/bin/python" \
+      "$ROOT/dev/sharded_pytest.py" --jobs "${TEST_JOBS:-4}" --log-dir "$ROOT/out/wheel_test_shards" \
+      -- "${PT_ARGS[@]}" tests
+    DETAIL[wheel_tests]=$(grep -E "[0-9]+ (passed|failed|errors?|skipped)|no tests ran" "$OUTDIR/wheel_tests.log" | tail -n 1 | sed 's/=//g; s/^ *//')
+    rm -rf "$WHEEL_WORK"
+  else
+    skip_stage wheel_tests "the wheel stage failed"
+  fi
 fi
 
 # ---- 4. compute-sanitizer memcheck -----------------------------------------
